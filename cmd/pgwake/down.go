@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgwake/pgwake/internal/admin"
+)
+
+func newDownCommand(d *deps) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop pgwake, putting every project to sleep cleanly",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runDown(cmd.Context(), d, timeout)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for pgwake to stop")
+	return cmd
+}
+
+func runDown(ctx context.Context, d *deps, timeout time.Duration) error {
+	cl := d.client()
+	info, err := cl.Info(ctx)
+	if errors.Is(err, admin.ErrNotRunning) {
+		fmt.Fprintln(d.stderr, "pgwake is not running")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := cl.Shutdown(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.stderr, "stopping pgwake (pid %d): draining connections and putting projects to sleep\n", info.PID)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// The daemon is gone once its process is; the socket goes a moment
+		// before the last projects finish sleeping.
+		if err := syscall.Kill(info.PID, 0); errors.Is(err, syscall.ESRCH) {
+			fmt.Fprintln(d.stderr, "pgwake stopped")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgwake (pid %d) did not stop within %s", info.PID, timeout)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/config"
+)
+
+// deps are what commands need from the outside world; tests replace them.
+type deps struct {
+	stdout  io.Writer
+	stderr  io.Writer
+	environ []string
+
+	// cfg is resolved once, before any command runs.
+	cfg config.Config
+}
+
+func defaultDeps() *deps {
+	return &deps{stdout: os.Stdout, stderr: os.Stderr, environ: os.Environ()}
+}
+
+// client returns an admin API client for the configured daemon.
+func (d *deps) client() *admin.Client { return admin.NewClient(d.cfg.SocketPath()) }
+
+func (d *deps) logger() *slog.Logger {
+	lvl, _ := d.cfg.SlogLevel()
+	opts := &slog.HandlerOptions{Level: lvl}
+	if d.cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(d.stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(d.stderr, opts))
+}
+
+func newRootCommand(d *deps) *cobra.Command {
+	var configFile string
+	root := &cobra.Command{
+		Use:   "pgwake",
+		Short: "Scale-to-zero Postgres: a real database per project that costs nothing while idle",
+		Long: `pgwake gives every project its own PostgreSQL server behind one proxy.
+Idle projects sleep; the next client that connects wakes its project and
+sees nothing but a slower first connect.
+
+  pgwake up -d --wait        start the proxy in the background
+  pgwake create myapp        create a project
+  psql "$(pgwake url myapp)" connect (wakes it if asleep)`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.Load(config.Sources{File: configFile, Environ: d.environ, Flags: cmd.Flags()})
+			if err != nil {
+				return usageError(err)
+			}
+			d.cfg = cfg
+			return nil
+		},
+	}
+	root.SetOut(d.stdout)
+	root.SetErr(d.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&configFile, "config", "", "config file (env "+config.EnvConfigFile+"; default ./"+config.DefaultFile+" if present)")
+	config.BindFlags(pf, "state_dir", "admin_socket", "log_level", "log_format")
+
+	root.AddCommand(
+		newUpCommand(d),
+		newDownCommand(d),
+		newCreateCommand(d),
+		newRmCommand(d),
+		newLsCommand(d),
+		newURLCommand(d),
+		newPsqlCommand(d),
+		newWakeCommand(d),
+		newSleepCommand(d),
+		newLogsCommand(d),
+		newVersionCommand(d),
+	)
+	return root
+}
+
+// exactArgs is cobra.ExactArgs with a usage exit code and a clearer message.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError(fmt.Errorf("%s expects %s (see pgwake %s --help)", cmd.CommandPath(), what, cmd.Name()))
+		}
+		return nil
+	}
+}

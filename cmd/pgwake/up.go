@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgwake/pgwake/internal/config"
+	"github.com/pgwake/pgwake/internal/daemon"
+)
+
+type upOptions struct {
+	detach      bool
+	wait        bool
+	waitTimeout time.Duration
+}
+
+func newUpCommand(d *deps) *cobra.Command {
+	var o upOptions
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run the pgwake proxy (foreground; -d for background)",
+		Long: `Run the pgwake proxy. In the foreground it logs to stderr and stops on
+Ctrl-C, putting every project to sleep cleanly. With -d it starts itself in
+the background, logging to <state_dir>/pgwake.log; add --wait to return only
+once it serves.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.detach {
+				return runUpDetached(cmd.Context(), d, cmd.Flags(), o)
+			}
+			if o.wait {
+				return usageError(errors.New("--wait goes with -d"))
+			}
+			return daemon.Run(cmd.Context(), d.cfg, d.logger(), daemon.Options{})
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&o.detach, "detach", "d", false, "run in the background")
+	f.BoolVar(&o.wait, "wait", false, "with -d: return once pgwake serves")
+	f.DurationVar(&o.waitTimeout, "wait-timeout", 60*time.Second, "with --wait: how long to wait")
+	config.BindFlags(f)
+	return cmd
+}
+
+// runUpDetached starts `pgwake up` again as a background process in its own
+// session, with the same configuration flags.
+func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptions) error {
+	cl := d.client()
+	if err := cl.Healthy(ctx); err == nil {
+		return fmt.Errorf("pgwake is already running (admin socket %s)", d.cfg.SocketPath())
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	args := []string{"up"}
+	flags.Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "detach", "wait", "wait-timeout":
+			return
+		}
+		args = append(args, "--"+f.Name+"="+f.Value.String())
+	})
+	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	logPath := filepath.Join(d.cfg.StateDir, "pgwake.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open log: %w", err)
+	}
+	defer logf.Close()
+	child := exec.Command(exe, args...)
+	child.Env = d.environ
+	child.Stdout, child.Stderr = logf, logf
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		return fmt.Errorf("start pgwake in the background: %w", err)
+	}
+	fmt.Fprintf(d.stderr, "pgwake started in the background (pid %d, log %s)\n", child.Process.Pid, logPath)
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	if !o.wait {
+		return nil
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := cl.Healthy(ctx); err == nil {
+			fmt.Fprintf(d.stderr, "pgwake is serving on %s\n", d.cfg.Listen)
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("pgwake exited during start-up (%v); see %s", err, logPath)
+		case <-ctx.Done():
+			return fmt.Errorf("pgwake did not serve within %s; see %s", o.waitTimeout, logPath)
+		case <-tick.C:
+		}
+	}
+}

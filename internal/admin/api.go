@@ -1,0 +1,78 @@
+// Package admin is pgwake's local admin API: versioned JSON over HTTP on a
+// unix socket (mode 0600), used by the CLI to talk to a running daemon.
+package admin
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// APIPrefix versions every route.
+const APIPrefix = "/v1"
+
+// Info describes the running daemon.
+type Info struct {
+	Version  string `json:"version"`
+	PID      int    `json:"pid"`
+	Listen   string `json:"listen"`
+	Backend  string `json:"backend"`
+	StateDir string `json:"state_dir"`
+}
+
+// Project is one project as the API shows it. Durations are milliseconds.
+type Project struct {
+	Name         string    `json:"name"`
+	State        string    `json:"state"`
+	Active       int       `json:"active"`
+	Pinned       bool      `json:"pinned"`
+	Image        string    `json:"image"`
+	SleepAfterMS int64     `json:"sleep_after_ms"`
+	SleepMode    string    `json:"sleep_mode"`
+	Wakes        int       `json:"wakes"`
+	WakeFailures int       `json:"wake_failures"`
+	LastWakeMS   float64   `json:"last_wake_ms"`
+	P50WakeMS    float64   `json:"p50_wake_ms"`
+	P95WakeMS    float64   `json:"p95_wake_ms"`
+	MaxWakeMS    float64   `json:"max_wake_ms"`
+	LastError    string    `json:"last_error,omitempty"`
+	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
+	RetryAt      time.Time `json:"retry_at,omitzero"`
+	IdleMS       int64     `json:"idle_ms"`
+	SleepsInMS   int64     `json:"sleeps_in_ms"`
+	URL          string    `json:"url"`
+	User         string    `json:"user"`
+	Database     string    `json:"database"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// CreateRequest creates a project. Empty fields take the daemon's defaults.
+type CreateRequest struct {
+	Name       string `json:"name"`
+	Image      string `json:"image,omitempty"`
+	SleepAfter string `json:"sleep_after,omitempty"` // a Go duration, "0" never sleeps
+	SleepMode  string `json:"sleep_mode,omitempty"`
+}
+
+// Errors a Service returns for the API to map to HTTP statuses.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+	ErrInvalid  = errors.New("invalid request")
+)
+
+// Service is what the daemon provides to the API.
+type Service interface {
+	Info() Info
+	Projects() []Project
+	Project(name string) (Project, error)
+	Create(ctx context.Context, req CreateRequest) (Project, error)
+	Remove(ctx context.Context, name string, volumes bool) error
+	Wake(ctx context.Context, name string) error
+	Sleep(ctx context.Context, name string) error
+	Pin(name string, pinned bool) error
+	Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error)
+	// Shutdown asks the daemon to stop; it returns at once.
+	Shutdown()
+}

@@ -1,0 +1,134 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// Handler serves the admin API for svc.
+func Handler(svc Service) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET "+APIPrefix+"/info", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, svc.Info())
+	})
+	mux.HandleFunc("GET "+APIPrefix+"/projects", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, svc.Projects())
+	})
+	mux.HandleFunc("POST "+APIPrefix+"/projects", func(w http.ResponseWriter, r *http.Request) {
+		var req CreateRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, errors.Join(ErrInvalid, err))
+			return
+		}
+		p, err := svc.Create(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, p)
+	})
+	mux.HandleFunc("GET "+APIPrefix+"/projects/{name}", func(w http.ResponseWriter, r *http.Request) {
+		p, err := svc.Project(r.PathValue("name"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, p)
+	})
+	mux.HandleFunc("DELETE "+APIPrefix+"/projects/{name}", func(w http.ResponseWriter, r *http.Request) {
+		volumes := r.URL.Query().Get("volumes") == "true"
+		if err := svc.Remove(r.Context(), r.PathValue("name"), volumes); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	action := func(fn func(r *http.Request, name string) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			name := r.PathValue("name")
+			if err := fn(r, name); err != nil {
+				writeError(w, err)
+				return
+			}
+			p, err := svc.Project(name)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, p)
+		}
+	}
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/wake", action(func(r *http.Request, n string) error { return svc.Wake(r.Context(), n) }))
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/sleep", action(func(r *http.Request, n string) error { return svc.Sleep(r.Context(), n) }))
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/pin", action(func(r *http.Request, n string) error { return svc.Pin(n, true) }))
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/unpin", action(func(r *http.Request, n string) error { return svc.Pin(n, false) }))
+	mux.HandleFunc("GET "+APIPrefix+"/projects/{name}/logs", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		tail, _ := strconv.Atoi(q.Get("tail"))
+		follow := q.Get("follow") == "true"
+		rc, err := svc.Logs(r.Context(), r.PathValue("name"), follow, tail)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer rc.Close()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusOK)
+		// Flush each chunk so `pgwake logs -f` shows lines as they come.
+		fw := flushWriter{w: w}
+		fw.flush()
+		io.Copy(fw, rc)
+	})
+	mux.HandleFunc("POST "+APIPrefix+"/shutdown", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		svc.Shutdown()
+	})
+	return mux
+}
+
+type flushWriter struct{ w http.ResponseWriter }
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	f.flush()
+	return n, err
+}
+
+func (f flushWriter) flush() {
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		code = http.StatusConflict
+	case errors.Is(err, ErrInvalid):
+		code = http.StatusBadRequest
+	}
+	writeJSON(w, code, errorBody{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

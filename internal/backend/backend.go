@@ -1,0 +1,105 @@
+// Package backend defines what the proxy needs from a runtime that hosts
+// per-project Postgres servers. The proxy knows nothing about Docker,
+// processes or Kubernetes; each runtime is its own package implementing
+// Backend.
+package backend
+
+import (
+	"context"
+	"errors"
+	"io"
+)
+
+// SleepMode says how a project sleeps.
+type SleepMode string
+
+const (
+	// SleepStop shuts Postgres down (fast shutdown). Costs nothing while
+	// asleep; waking pays a Postgres start.
+	SleepStop SleepMode = "stop"
+	// SleepPause freezes the server (cgroup freezer). Memory stays
+	// allocated; waking is nearly instant.
+	SleepPause SleepMode = "pause"
+)
+
+// ParseSleepMode validates a sleep mode name.
+func ParseSleepMode(s string) (SleepMode, error) {
+	switch SleepMode(s) {
+	case SleepStop, SleepPause:
+		return SleepMode(s), nil
+	}
+	return "", errors.New(`sleep mode must be "stop" or "pause"`)
+}
+
+// Spec is everything a backend needs to create a project's server. It is
+// the project's desired state: a server that drifted from it is recreated
+// (keeping its data).
+type Spec struct {
+	Name     string // project name, also the routing key
+	Image    string // container image, for backends that use one
+	User     string // superuser name
+	Password string // superuser password (scram-sha-256)
+	Database string // database created on first start
+}
+
+// State is a server's observed state.
+type State string
+
+const (
+	StateMissing State = "missing" // nothing exists; Ensure creates it
+	StateStopped State = "stopped"
+	StatePaused  State = "paused"
+	StateRunning State = "running"
+)
+
+// Status is a server's observed state and, when running, where to dial it.
+type Status struct {
+	State State
+	Addr  string // host:port; set when State is StateRunning
+}
+
+// Backend hosts per-project Postgres servers. All methods are safe for
+// concurrent use on different projects; the proxy serialises calls for one
+// project.
+type Backend interface {
+	// Name is a short name for logs and status ("docker").
+	Name() string
+	// Ensure makes the project's server exist as spec says, without
+	// starting it. It is idempotent.
+	Ensure(ctx context.Context, spec Spec) error
+	// Start wakes the server (start or unpause) and returns the address to
+	// dial. It returns once the runtime reports the server running; the
+	// proxy then waits until Postgres itself serves.
+	Start(ctx context.Context, spec Spec) (addr string, err error)
+	// Sleep stops or pauses the server. Stop uses Postgres fast shutdown.
+	Sleep(ctx context.Context, spec Spec, mode SleepMode) error
+	// Status reports the server's current state.
+	Status(ctx context.Context, spec Spec) (Status, error)
+	// Remove deletes the server; with volumes it deletes its data too.
+	Remove(ctx context.Context, spec Spec, volumes bool) error
+	// Close releases the backend's resources.
+	Close() error
+}
+
+// Logger is implemented by backends that can show a server's log.
+type Logger interface {
+	// Logs streams the server's log. With follow it streams until ctx ends.
+	Logs(ctx context.Context, spec Spec, follow bool, tail int) (io.ReadCloser, error)
+}
+
+// Event is a change to a server made outside the proxy's own calls, for
+// example a container stopped or removed by hand.
+type Event struct {
+	Project string
+	State   State
+}
+
+// Watcher is implemented by backends that report outside changes.
+type Watcher interface {
+	// Watch sends events until ctx ends, then closes the channel. A broken
+	// event stream is retried internally.
+	Watch(ctx context.Context) <-chan Event
+}
+
+// ErrNotFound is returned for a project the backend has no server for.
+var ErrNotFound = errors.New("server not found")

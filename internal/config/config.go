@@ -1,0 +1,334 @@
+// Package config resolves pgwake's one effective configuration from, in
+// order of precedence, command-line flags, PGWAKE_* environment variables,
+// a pgwake.yaml file and built-in defaults. Every key has exactly one
+// environment variable (PGWAKE_ + upper-cased key) and one flag (the key
+// with dashes); unknown keys and variables are errors, so configuration
+// cannot silently drift.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/adrg/xdg"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/pgwake/pgwake/internal/backend"
+)
+
+// EnvPrefix starts every environment variable pgwake reads.
+const EnvPrefix = "PGWAKE_"
+
+// EnvConfigFile names the config file; it is the one PGWAKE_ variable that
+// is not a key.
+const EnvConfigFile = EnvPrefix + "CONFIG"
+
+// DefaultFile is looked for in the working directory.
+const DefaultFile = "pgwake.yaml"
+
+// Config is pgwake's effective configuration. The yaml tag is the key; the
+// usage tag documents it for flags and the README.
+type Config struct {
+	Listen                string        `yaml:"listen" usage:"address the Postgres proxy listens on"`
+	StateDir              string        `yaml:"state_dir" usage:"directory for projects, passwords, the admin socket and logs"`
+	AdminSocket           string        `yaml:"admin_socket" usage:"admin API unix socket (default <state_dir>/pgwake.sock)"`
+	DockerHost            string        `yaml:"docker_host" usage:"Docker engine address (default DOCKER_HOST or the platform socket)"`
+	Image                 string        `yaml:"image" usage:"default Postgres image for new projects"`
+	SleepAfter            time.Duration `yaml:"sleep_after" usage:"default idle time before a project sleeps (0 = never)"`
+	SleepMode             string        `yaml:"sleep_mode" usage:"default sleep mode for new projects: stop or pause"`
+	GracePeriod           time.Duration `yaml:"grace_period" usage:"minimum time a project stays awake after a wake"`
+	WakeTimeout           time.Duration `yaml:"wake_timeout" usage:"how long a client waits for a project to wake"`
+	StartupTimeout        time.Duration `yaml:"startup_timeout" usage:"how long a client may take to send its startup packet"`
+	ShutdownTimeout       time.Duration `yaml:"shutdown_timeout" usage:"how long open connections may drain on down"`
+	MaxConnections        int           `yaml:"max_connections" usage:"connection cap across all projects"`
+	MaxProjectConnections int           `yaml:"max_project_connections" usage:"connection cap per project"`
+	LogLevel              string        `yaml:"log_level" usage:"debug, info, warn or error"`
+	LogFormat             string        `yaml:"log_format" usage:"text or json"`
+}
+
+// Default returns the built-in defaults.
+func Default() Config {
+	return Config{
+		Listen:                "127.0.0.1:6432",
+		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
+		Image:                 "postgres:17",
+		SleepAfter:            10 * time.Minute,
+		SleepMode:             string(backend.SleepStop),
+		GracePeriod:           30 * time.Second,
+		WakeTimeout:           60 * time.Second,
+		StartupTimeout:        10 * time.Second,
+		ShutdownTimeout:       10 * time.Second,
+		MaxConnections:        1000,
+		MaxProjectConnections: 100,
+		LogLevel:              "info",
+		LogFormat:             "text",
+	}
+}
+
+// Key describes one configuration key.
+type Key struct {
+	Name  string // yaml key
+	Env   string // environment variable
+	Flag  string // flag name
+	Usage string
+	index int
+}
+
+// Keys lists every key in declaration order.
+func Keys() []Key {
+	t := reflect.TypeFor[Config]()
+	keys := make([]Key, 0, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := f.Tag.Get("yaml")
+		keys = append(keys, Key{
+			Name:  name,
+			Env:   EnvPrefix + strings.ToUpper(name),
+			Flag:  strings.ReplaceAll(name, "_", "-"),
+			Usage: f.Tag.Get("usage"),
+			index: i,
+		})
+	}
+	return keys
+}
+
+func keyByName(name string) (Key, bool) {
+	for _, k := range Keys() {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return Key{}, false
+}
+
+// Set parses value into the key's field.
+func (c *Config) Set(key, value string) error {
+	k, ok := keyByName(key)
+	if !ok {
+		return fmt.Errorf("unknown config key %q", key)
+	}
+	f := reflect.ValueOf(c).Elem().Field(k.index)
+	switch f.Interface().(type) {
+	case string:
+		f.SetString(value)
+	case int:
+		n, err := strconv.Atoi(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a whole number", key, value)
+		}
+		f.SetInt(int64(n))
+	case time.Duration:
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a duration (like 90s or 10m)", key, value)
+		}
+		f.SetInt(int64(d))
+	default:
+		return fmt.Errorf("%s: unsupported type %s", key, f.Type())
+	}
+	return nil
+}
+
+// Get formats a key's value.
+func (c *Config) Get(key string) string {
+	k, _ := keyByName(key)
+	return fmt.Sprint(reflect.ValueOf(c).Elem().Field(k.index).Interface())
+}
+
+// BindFlags registers one flag per key on fs. Only flags the user sets
+// override the other sources; defaults shown in help are the built-in ones.
+func BindFlags(fs *pflag.FlagSet, only ...string) {
+	def := Default()
+	for _, k := range Keys() {
+		if len(only) > 0 && !contains(only, k.Name) {
+			continue
+		}
+		if fs.Lookup(k.Flag) != nil {
+			continue
+		}
+		fs.String(k.Flag, def.Get(k.Name), k.Usage+" (env "+k.Env+")")
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Sources are the inputs to Load.
+type Sources struct {
+	File    string         // explicit config file; "" looks for ./pgwake.yaml
+	Environ []string       // os.Environ()
+	Flags   *pflag.FlagSet // may be nil
+}
+
+// Load resolves the effective configuration: flags > env > file > defaults.
+func Load(src Sources) (Config, error) {
+	cfg := Default()
+	env := map[string]string{}
+	for _, kv := range src.Environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix) {
+			env[k] = v
+		}
+	}
+
+	file := src.File
+	if file == "" {
+		file = env[EnvConfigFile]
+	}
+	explicit := file != ""
+	if !explicit {
+		file = DefaultFile
+	}
+	data, err := os.ReadFile(file)
+	switch {
+	case err == nil:
+		if err := decodeYAML(data, &cfg); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", file, err)
+		}
+	case explicit || !errors.Is(err, os.ErrNotExist):
+		return Config{}, fmt.Errorf("config file: %w", err)
+	}
+
+	byEnv := map[string]Key{}
+	for _, k := range Keys() {
+		byEnv[k.Env] = k
+	}
+	names := make([]string, 0, len(env))
+	for name := range env {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if name == EnvConfigFile {
+			continue
+		}
+		k, ok := byEnv[name]
+		if !ok {
+			return Config{}, fmt.Errorf("unknown environment variable %s (known: %s)", name, knownEnv())
+		}
+		if err := cfg.Set(k.Name, env[name]); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+
+	if src.Flags != nil {
+		for _, k := range Keys() {
+			f := src.Flags.Lookup(k.Flag)
+			if f == nil || !f.Changed {
+				continue
+			}
+			if err := cfg.Set(k.Name, f.Value.String()); err != nil {
+				return Config{}, fmt.Errorf("--%s: %w", k.Flag, err)
+			}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+func knownEnv() string {
+	var names []string
+	for _, k := range Keys() {
+		names = append(names, k.Env)
+	}
+	return strings.Join(append(names, EnvConfigFile), ", ")
+}
+
+// decodeYAML decodes strictly: an unknown key is an error.
+func decodeYAML(data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, errEOF) {
+		return err
+	}
+	return nil
+}
+
+// errEOF is what the decoder returns for an empty document.
+var errEOF = func() error {
+	var v struct{}
+	return yaml.NewDecoder(bytes.NewReader(nil)).Decode(&v)
+}()
+
+// Validate checks values that parse but make no sense.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen: %q is not host:port", c.Listen))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("state_dir must be set"))
+	}
+	if c.Image == "" {
+		errs = append(errs, errors.New("image must be set"))
+	}
+	if _, err := backend.ParseSleepMode(c.SleepMode); err != nil {
+		errs = append(errs, fmt.Errorf("sleep_mode: %w", err))
+	}
+	for name, d := range map[string]time.Duration{
+		"sleep_after": c.SleepAfter, "grace_period": c.GracePeriod, "wake_timeout": c.WakeTimeout,
+		"startup_timeout": c.StartupTimeout, "shutdown_timeout": c.ShutdownTimeout,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative", name))
+		}
+	}
+	if c.WakeTimeout == 0 || c.StartupTimeout == 0 {
+		errs = append(errs, errors.New("wake_timeout and startup_timeout must be positive"))
+	}
+	if c.MaxConnections < 1 || c.MaxProjectConnections < 1 {
+		errs = append(errs, errors.New("max_connections and max_project_connections must be at least 1"))
+	}
+	if _, err := c.SlogLevel(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("log_format: %q is not text or json", c.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// SlogLevel parses LogLevel.
+func (c *Config) SlogLevel() (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return 0, fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
+	}
+	return l, nil
+}
+
+// SocketPath is the admin socket's path.
+func (c *Config) SocketPath() string {
+	if c.AdminSocket != "" {
+		return c.AdminSocket
+	}
+	return filepath.Join(c.StateDir, "pgwake.sock")
+}
+
+// LogAttrs renders the effective configuration for the start-up log line.
+func (c *Config) LogAttrs() []any {
+	var attrs []any
+	for _, k := range Keys() {
+		attrs = append(attrs, k.Name, c.Get(k.Name))
+	}
+	return attrs
+}

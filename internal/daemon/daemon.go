@@ -1,0 +1,344 @@
+// Package daemon wires pgwake together: state, backend, proxy and admin API.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/config"
+	"github.com/pgwake/pgwake/internal/dockerbackend"
+	"github.com/pgwake/pgwake/internal/proxy"
+	"github.com/pgwake/pgwake/internal/state"
+	"github.com/pgwake/pgwake/internal/version"
+)
+
+// Daemon is a running pgwake.
+type Daemon struct {
+	cfg   config.Config
+	log   *slog.Logger
+	store *state.Store
+	be    backend.Backend
+	srv   *proxy.Server
+	ln    net.Listener
+
+	shutdownOnce sync.Once
+	shutdownCh   chan struct{}
+}
+
+// ErrAlreadyRunning is returned when another daemon owns the admin socket.
+var ErrAlreadyRunning = errors.New("pgwake is already running")
+
+// NewBackend connects the configured backend. Tests replace it.
+type NewBackend func(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error)
+
+// DockerBackend is the default NewBackend.
+func DockerBackend(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error) {
+	return dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
+}
+
+// Options are Run's inputs beyond the config.
+type Options struct {
+	NewBackend NewBackend
+	// Ready, if set, is called once the proxy and admin API accept
+	// connections.
+	Ready func(proxyAddr string)
+	// SweepInterval overrides the idle sweep period (tests).
+	SweepInterval time.Duration
+}
+
+// Run starts pgwake and blocks until ctx ends or a shutdown is requested
+// over the admin API; then it drains connections and puts every project to
+// sleep.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) error {
+	if opts.NewBackend == nil {
+		opts.NewBackend = DockerBackend
+	}
+	log.Info("starting pgwake", append([]any{"version", version.Version}, cfg.LogAttrs()...)...)
+
+	store, err := state.Open(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	sock := cfg.SocketPath()
+	if err := admin.NewClient(sock).Healthy(ctx); err == nil {
+		return fmt.Errorf("%w (admin socket %s)", ErrAlreadyRunning, sock)
+	}
+
+	be, err := opts.NewBackend(ctx, cfg, store.Instance(), log)
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+
+	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{})}
+	d.srv, err = proxy.New(proxy.Options{
+		Backend:         be,
+		Logger:          log,
+		WakeTimeout:     cfg.WakeTimeout,
+		StartupTimeout:  cfg.StartupTimeout,
+		GracePeriod:     cfg.GracePeriod,
+		SweepInterval:   opts.SweepInterval,
+		MaxConns:        cfg.MaxConnections,
+		MaxProjectConns: cfg.MaxProjectConnections,
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range store.Projects() {
+		if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
+			return err
+		}
+	}
+
+	d.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen for clients: %w", err)
+	}
+	// Remove a stale socket from a crashed daemon; the health check above
+	// proved nobody answers on it.
+	_ = os.Remove(sock)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		d.ln.Close()
+		return fmt.Errorf("admin socket dir: %w", err)
+	}
+	aln, err := net.Listen("unix", sock)
+	if err != nil {
+		d.ln.Close()
+		return fmt.Errorf("listen on admin socket: %w", err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		aln.Close()
+		d.ln.Close()
+		return fmt.Errorf("admin socket: %w", err)
+	}
+	defer os.Remove(sock)
+	hs := &http.Server{Handler: admin.Handler(d), ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(aln)
+
+	serveCtx, stopServing := context.WithCancel(context.Background())
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- d.srv.Serve(serveCtx, d.ln) }()
+
+	log.Info("pgwake is serving", "listen", d.ln.Addr().String(), "admin", sock,
+		"backend", be.Name(), "projects", len(store.Projects()))
+	if opts.Ready != nil {
+		opts.Ready(d.ln.Addr().String())
+	}
+
+	select {
+	case <-ctx.Done():
+	case <-d.shutdownCh:
+	}
+	log.Info("shutting down: draining connections, then putting projects to sleep",
+		"drain_timeout", cfg.ShutdownTimeout)
+	stopServing()
+	<-serveDone
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	err = d.srv.Shutdown(dctx)
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("pgwake stopped")
+	return nil
+}
+
+func spec(p state.Project) backend.Spec {
+	return backend.Spec{Name: p.Name, Image: p.Image, User: p.User, Password: p.Password, Database: p.Database}
+}
+
+func (d *Daemon) proxyProject(p state.Project) proxy.Project {
+	return proxy.Project{
+		Spec: spec(p), SleepAfter: p.SleepAfter,
+		SleepMode: backend.SleepMode(p.SleepMode), Pinned: p.Pinned,
+	}
+}
+
+// Info implements admin.Service.
+func (d *Daemon) Info() admin.Info {
+	return admin.Info{
+		Version: version.Version, PID: os.Getpid(), Listen: d.ln.Addr().String(),
+		Backend: d.be.Name(), StateDir: d.cfg.StateDir,
+	}
+}
+
+// URL is a connection string for a project through the proxy.
+func (d *Daemon) URL(p state.Project) string {
+	host, port, _ := net.SplitHostPort(d.ln.Addr().String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(p.User, p.Password),
+		Host:     net.JoinHostPort(host, port),
+		Path:     "/" + p.Name,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+func (d *Daemon) apiProject(p state.Project) admin.Project {
+	out := admin.Project{
+		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
+		Pinned: p.Pinned, URL: d.URL(p), User: p.User, Database: p.Database, CreatedAt: p.CreatedAt,
+		State: string(proxy.StateSleeping),
+	}
+	st, err := d.srv.ProjectStatus(p.Name)
+	if err != nil {
+		return out
+	}
+	ms := func(t time.Duration) float64 { return float64(t.Microseconds()) / 1000 }
+	out.State, out.Active, out.Pinned = string(st.State), st.Active, st.Pinned
+	out.Wakes, out.WakeFailures = st.Wakes, st.WakeFails
+	out.LastWakeMS, out.P50WakeMS, out.P95WakeMS, out.MaxWakeMS = ms(st.LastWake), ms(st.P50Wake), ms(st.P95Wake), ms(st.MaxWake)
+	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
+	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
+	return out
+}
+
+// Projects implements admin.Service.
+func (d *Daemon) Projects() []admin.Project {
+	ps := d.store.Projects()
+	out := make([]admin.Project, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, d.apiProject(p))
+	}
+	return out
+}
+
+// Project implements admin.Service.
+func (d *Daemon) Project(name string) (admin.Project, error) {
+	p, err := d.store.Get(name)
+	if err != nil {
+		return admin.Project{}, apiErr(err)
+	}
+	return d.apiProject(p), nil
+}
+
+func apiErr(err error) error {
+	switch {
+	case errors.Is(err, state.ErrNotFound), errors.Is(err, proxy.ErrNoProject):
+		return errors.Join(admin.ErrNotFound, err)
+	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists):
+		return errors.Join(admin.ErrConflict, err)
+	}
+	return err
+}
+
+// Create implements admin.Service: it stores the project, creates its
+// server (pulling the image if needed) without starting it, and registers
+// it with the proxy.
+func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Project, error) {
+	if err := state.ValidateName(req.Name); err != nil {
+		return admin.Project{}, errors.Join(admin.ErrInvalid, err)
+	}
+	p := state.Project{
+		Name: req.Name, Image: req.Image, User: "postgres", Database: req.Name,
+		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode,
+	}
+	if p.Image == "" {
+		p.Image = d.cfg.Image
+	}
+	if p.SleepMode == "" {
+		p.SleepMode = d.cfg.SleepMode
+	}
+	if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
+		return admin.Project{}, errors.Join(admin.ErrInvalid, err)
+	}
+	if req.SleepAfter != "" {
+		dur, err := time.ParseDuration(req.SleepAfter)
+		if err != nil || dur < 0 {
+			return admin.Project{}, errors.Join(admin.ErrInvalid, fmt.Errorf("sleep_after: %q is not a duration like 10m", req.SleepAfter))
+		}
+		p.SleepAfter = dur
+	}
+	p, err := d.store.Add(p)
+	if err != nil {
+		return admin.Project{}, apiErr(err)
+	}
+	if err := d.be.Ensure(ctx, spec(p)); err != nil {
+		_ = d.store.Remove(p.Name)
+		return admin.Project{}, fmt.Errorf("create project %q: %w", p.Name, err)
+	}
+	if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
+		_ = d.store.Remove(p.Name)
+		return admin.Project{}, apiErr(err)
+	}
+	d.log.Info("project created", "project", p.Name, "image", p.Image, "sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode)
+	return d.apiProject(p), nil
+}
+
+// Remove implements admin.Service.
+func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
+	p, err := d.store.Get(name)
+	if err != nil {
+		return apiErr(err)
+	}
+	if err := d.srv.RemoveProject(name); err != nil && !errors.Is(err, proxy.ErrNoProject) {
+		return err
+	}
+	if err := d.be.Remove(ctx, spec(p), volumes); err != nil {
+		// Put it back so the user can retry; the data is untouched.
+		_ = d.srv.AddProject(ctx, d.proxyProject(p))
+		return err
+	}
+	if err := d.store.Remove(name); err != nil {
+		return apiErr(err)
+	}
+	d.log.Info("project removed", "project", name, "volumes", volumes)
+	return nil
+}
+
+// Wake implements admin.Service.
+func (d *Daemon) Wake(ctx context.Context, name string) error { return apiErr(d.srv.Wake(ctx, name)) }
+
+// Sleep implements admin.Service.
+func (d *Daemon) Sleep(ctx context.Context, name string) error {
+	err := d.srv.Sleep(ctx, name)
+	if err != nil && !errors.Is(err, proxy.ErrNoProject) {
+		return errors.Join(admin.ErrConflict, err)
+	}
+	return apiErr(err)
+}
+
+// Pin implements admin.Service.
+func (d *Daemon) Pin(name string, pinned bool) error {
+	if err := d.store.Update(name, func(p *state.Project) { p.Pinned = pinned }); err != nil {
+		return apiErr(err)
+	}
+	return apiErr(d.srv.SetPinned(name, pinned))
+}
+
+// Logs implements admin.Service.
+func (d *Daemon) Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error) {
+	p, err := d.store.Get(name)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	lg, ok := d.be.(backend.Logger)
+	if !ok {
+		return nil, fmt.Errorf("the %s backend cannot show logs", d.be.Name())
+	}
+	return lg.Logs(ctx, spec(p), follow, tail)
+}
+
+// Shutdown implements admin.Service.
+func (d *Daemon) Shutdown() {
+	d.shutdownOnce.Do(func() { close(d.shutdownCh) })
+}

@@ -1,0 +1,334 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/pgwire"
+)
+
+// clientConn is one client connection. Both sockets are closed exactly
+// once, by close, whichever path ends the connection.
+type clientConn struct {
+	srv     *Server
+	conn    net.Conn
+	project *project // set once routed; read under srv.mu by RemoveProject
+
+	mu       sync.Mutex
+	closed   bool
+	upstream net.Conn
+}
+
+func (c *clientConn) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	up := c.upstream
+	c.mu.Unlock()
+	c.conn.Close()
+	if up != nil {
+		up.Close()
+	}
+}
+
+// attach records the upstream socket so close also closes it. If the
+// connection was closed meanwhile (shutdown, project removed) the upstream
+// is closed at once and attach reports false.
+func (c *clientConn) attach(up net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		up.Close()
+		return false
+	}
+	c.upstream = up
+	return true
+}
+
+func (c *clientConn) serve(ctx context.Context) {
+	s := c.srv
+	defer s.forget(c)
+	defer c.close()
+
+	_ = c.conn.SetDeadline(s.now().Add(s.opts.StartupTimeout))
+	startup, ok := c.readStartup()
+	if !ok {
+		return
+	}
+
+	dbname := startup.Parameters["database"]
+	if dbname == "" {
+		dbname = startup.Parameters["user"] // libpq's default, as Postgres does
+	}
+	p := s.project(dbname)
+	if p == nil {
+		s.refuse(c.conn, dbname, pgwire.CodeInvalidCatalogName,
+			fmt.Sprintf("project %q does not exist", dbname), s.knownProjectsHint())
+		return
+	}
+	s.mu.Lock()
+	c.project = p
+	s.mu.Unlock()
+
+	if !s.acquireTotal() {
+		s.refuse(c.conn, dbname, pgwire.CodeTooManyConnections,
+			"sorry, too many clients already (pgwake max_connections)", "")
+		return
+	}
+	defer s.total.Add(-1)
+	if !p.acquire() {
+		s.refuse(c.conn, dbname, pgwire.CodeTooManyConnections,
+			fmt.Sprintf("sorry, too many clients already for project %q (pgwake max_project_connections)", dbname), "")
+		return
+	}
+	defer p.release()
+
+	p.mu.Lock()
+	spec := p.cfg.Spec
+	p.mu.Unlock()
+	startup.Parameters["database"] = spec.Database
+	packet, err := pgwire.EncodeStartup(startup)
+	if err != nil {
+		s.refuse(c.conn, dbname, pgwire.CodeProtocolViolation, "invalid startup packet: "+err.Error(), "")
+		return
+	}
+
+	// The client is parked here while the project wakes; its startup
+	// deadline no longer applies, the wake deadline does.
+	_ = c.conn.SetDeadline(time.Time{})
+	up, first, err := s.dialReady(ctx, p, packet)
+	if err != nil {
+		code := pgwire.CodeConnectionFailure
+		if s.isClosing() {
+			code = pgwire.CodeAdminShutdown
+		}
+		s.refuse(c.conn, dbname, code, err.Error(), "")
+		return
+	}
+	if !c.attach(up) {
+		return
+	}
+	if _, err := c.conn.Write(first); err != nil {
+		return
+	}
+	pipe(c)
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// readStartup reads first packets until a StartupMessage. SSLRequest and
+// GSSENCRequest are answered 'N' (no TLS yet); a CancelRequest is dropped
+// without waking anything. It reports false when the connection is done.
+func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
+	s := c.srv
+	sawSSL, sawGSS := false, false
+	for {
+		pkt, err := pgwire.ReadPacket(c.conn)
+		var perr *pgwire.ProtocolError
+		switch {
+		case err == nil:
+		case errors.As(err, &perr):
+			s.refuse(c.conn, "", pgwire.CodeProtocolViolation, perr.Msg, "")
+			return nil, false
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.refuse(c.conn, "", pgwire.CodeProtocolViolation, "timeout waiting for startup packet", "")
+			return nil, false
+		default:
+			// The client closed (or reset) before sending anything: nothing
+			// to answer, nothing to wake.
+			return nil, false
+		}
+		switch pkt.Kind {
+		case pgwire.KindStartup:
+			return pkt.Startup, true
+		case pgwire.KindSSLRequest, pgwire.KindGSSEncRequest:
+			// Each may come once, in either order, before the startup message.
+			if (pkt.Kind == pgwire.KindSSLRequest && sawSSL) || (pkt.Kind == pgwire.KindGSSEncRequest && sawGSS) {
+				s.refuse(c.conn, "", pgwire.CodeProtocolViolation, "duplicate encryption request", "")
+				return nil, false
+			}
+			sawSSL = sawSSL || pkt.Kind == pgwire.KindSSLRequest
+			sawGSS = sawGSS || pkt.Kind == pgwire.KindGSSEncRequest
+			if _, err := c.conn.Write([]byte{'N'}); err != nil {
+				return nil, false
+			}
+		case pgwire.KindCancel:
+			// Forwarding cancels needs the backend key data learned from
+			// each session; until then a cancel is dropped silently, as
+			// Postgres does for unknown keys, and never wakes a project.
+			return nil, false
+		}
+	}
+}
+
+// dialReady connects to the project's server, replays the startup packet
+// and peeks at the first reply. A server that is still starting (57P03) or
+// that closes without a byte (booting, shutting down, a port proxy with no
+// server behind it yet) is retried until the wake deadline, so the client
+// never sees either. It returns the upstream connection and the bytes of
+// the first reply to pass on.
+func (s *Server) dialReady(ctx context.Context, p *project, packet []byte) (net.Conn, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.WakeTimeout)
+	defer cancel()
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		addr, err := p.awake(ctx)
+		if err != nil {
+			if lastErr != nil && errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("timed out waiting for project %q to serve: %w", p.cfg.Spec.Name, lastErr)
+			}
+			return nil, nil, err
+		}
+		up, first, retry, err := s.tryUpstream(ctx, addr, packet)
+		if err == nil {
+			return up, first, nil
+		}
+		if !retry {
+			return nil, nil, err
+		}
+		lastErr = err
+		if attempt >= 2 {
+			// Repeated failures on a server we believe is running: it may
+			// have been stopped behind our back. Let awake re-check.
+			p.recheck(ctx, addr)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("timed out waiting for project %q to serve: %w", p.cfg.Spec.Name, lastErr)
+		case <-time.After(s.opts.ReadyPoll):
+		}
+	}
+}
+
+// tryUpstream dials addr, sends the startup packet and reads the first
+// reply's header. retry reports whether the failure is one a booting server
+// produces.
+func (s *Server) tryUpstream(ctx context.Context, addr string, packet []byte) (_ net.Conn, first []byte, retry bool, err error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	up, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, true, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			up.Close()
+		}
+	}()
+	if dl, has := ctx.Deadline(); has {
+		_ = up.SetDeadline(dl)
+	}
+	if _, err := up.Write(packet); err != nil {
+		return nil, nil, true, fmt.Errorf("send startup packet: %w", err)
+	}
+	var h pgwire.ReplyHeader
+	if n, err := io.ReadFull(up, h[:]); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || isReset(err)) {
+			return nil, nil, true, errors.New("server closed the connection before replying")
+		}
+		return nil, nil, false, fmt.Errorf("read first reply: %w", err)
+	}
+	first = h[:]
+	if h.Type() == 'E' {
+		e, body, err := pgwire.DecodeUpstreamError(up, h)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		if e.Code == pgwire.CodeCannotConnectNow {
+			return nil, nil, true, fmt.Errorf("server not ready: %s", e.Message)
+		}
+		first = append(first, body...)
+	}
+	_ = up.SetDeadline(time.Time{})
+	ok = true
+	return up, first, false, nil
+}
+
+func isReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && !op.Timeout()
+}
+
+// recheck asks the backend whether the server at addr still runs and marks
+// the project down if not.
+func (p *project) recheck(ctx context.Context, addr string) {
+	p.mu.Lock()
+	spec := p.cfg.Spec
+	p.mu.Unlock()
+	st, err := p.srv.opts.Backend.Status(ctx, spec)
+	if err == nil && (st.State != backend.StateRunning || st.Addr != addr) {
+		p.markDown(addr)
+	}
+}
+
+// waitReady polls addr until Postgres accepts a startup packet: any reply
+// other than 57P03 (authentication request, or even an authentication
+// error) proves the server serves. The poll interval is short so readiness
+// is seen within tens of milliseconds.
+func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) error {
+	probe := &pgproto3.StartupMessage{
+		ProtocolVersion: pgproto3.ProtocolVersion30,
+		Parameters: map[string]string{
+			"user": spec.User, "database": spec.Database, "application_name": "pgwake-probe",
+		},
+	}
+	packet, err := probe.Encode(nil)
+	if err != nil {
+		return err
+	}
+	var lastErr error
+	for {
+		up, _, retry, err := s.tryUpstream(ctx, addr, packet)
+		if err == nil {
+			up.Close()
+			return nil
+		}
+		if !retry && ctx.Err() == nil {
+			return err
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server did not become ready: %w", lastErr)
+		case <-time.After(s.opts.ReadyPoll):
+		}
+	}
+}
+
+// pipe copies bytes both ways until either side closes, then closes both.
+// Both ends are *net.TCPConn, so io.Copy splices on Linux.
+func pipe(c *clientConn) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		copyClientToServer(c)
+	}()
+	copyServerToClient(c)
+	c.close()
+	<-done
+}
+
+func copyClientToServer(c *clientConn) {
+	_, _ = io.Copy(c.upstream, c.conn)
+	c.close()
+}
+
+func copyServerToClient(c *clientConn) {
+	_, _ = io.Copy(c.conn, c.upstream)
+}

@@ -1,0 +1,181 @@
+// Package testenv provides the shared fixtures of pgwake's integration tests:
+// a Docker client and a Postgres image that needs no registry access.
+//
+// CI and development machines may not be able to pull postgres:NN, so by
+// default the tests use an image built locally from the host's Debian
+// postgresql packages by testdata/postgres-image/build.sh. That image follows
+// the official postgres image's contract, so the code under test cannot tell
+// the difference.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+)
+
+// DefaultImage is the tag build.sh produces.
+const DefaultImage = "pgwake-test/postgres:15"
+
+// ImageEnv names the environment variable that overrides the image, e.g.
+// PGWAKE_TEST_IMAGE=postgres:17 to run the tests against an official image.
+const ImageEnv = "PGWAKE_TEST_IMAGE"
+
+// buildTimeout bounds build.sh, which normally takes seconds; a hung docker
+// import should fail the test rather than eat go test's whole -timeout.
+const buildTimeout = 5 * time.Minute
+
+// DockerClient returns a client for the engine named by the usual DOCKER_*
+// environment variables, verified with a ping and closed when the test ends.
+// Tests are skipped under -short; otherwise an unreachable engine is a test
+// failure, not a skip, so a broken CI setup cannot pass silently.
+func DockerClient(t testing.TB) *client.Client {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test needs Docker; skipped with -short")
+	}
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		t.Fatalf("testenv: docker client: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	// Negotiating here, once, lets the client talk to older engines (CI has
+	// API 1.41) instead of failing later on the first real request.
+	if _, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+		t.Fatalf("testenv: Docker engine not reachable (%v); integration tests need one "+
+			"(check DOCKER_HOST / the docker socket, or use go test -short to skip them)", err)
+	}
+	return cli
+}
+
+// PostgresImage returns the Postgres image reference the integration tests
+// should run, making sure the engine has it.
+//
+// With $PGWAKE_TEST_IMAGE set, that image is used as is and must already be
+// present (building it here would put a Debian 15 image under a name such as
+// postgres:17). Otherwise DefaultImage is built with build.sh if missing.
+func PostgresImage(t testing.TB) string {
+	t.Helper()
+	cli := DockerClient(t)
+	ctx := t.Context()
+
+	ref := os.Getenv(ImageEnv)
+	if ref != "" {
+		if !imagePresent(ctx, t, cli, ref) {
+			t.Fatalf("testenv: $%s=%s is not in the Docker engine; pull it first, or unset %s to use the locally built %s",
+				ImageEnv, ref, ImageEnv, DefaultImage)
+		}
+		return ref
+	}
+	ref = DefaultImage
+	if imagePresent(ctx, t, cli, ref) {
+		return ref
+	}
+
+	// Test binaries of several packages run in parallel and may all find the
+	// image missing; the lock makes one of them build it while the others
+	// wait, and the re-check lets the waiters use the result. flock locks
+	// belong to the open file, so this also serialises parallel tests within
+	// one binary; the kernel drops the lock if the process dies.
+	unlock := lockFile(t, filepath.Join(os.TempDir(), "pgwake-testenv-postgres-image.lock"))
+	defer unlock()
+	if imagePresent(ctx, t, cli, ref) {
+		return ref
+	}
+	build(t, ref)
+	if !imagePresent(ctx, t, cli, ref) {
+		t.Fatalf("testenv: build.sh succeeded but image %s is still missing", ref)
+	}
+	return ref
+}
+
+// imagePresent reports whether the engine has ref; errors other than "not
+// found" fail the test.
+func imagePresent(ctx context.Context, t testing.TB, cli *client.Client, ref string) bool {
+	t.Helper()
+	_, err := cli.ImageInspect(ctx, ref)
+	switch {
+	case err == nil:
+		return true
+	case cerrdefs.IsNotFound(err):
+		return false
+	default:
+		t.Fatalf("testenv: inspect image %s: %v", ref, err)
+		return false
+	}
+}
+
+// build runs testdata/postgres-image/build.sh for ref.
+func build(t testing.TB, ref string) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	script := filepath.Join(root, "testdata", "postgres-image", "build.sh")
+	ctx, cancel := context.WithTimeout(t.Context(), buildTimeout)
+	defer cancel()
+	// Run through bash so a lost executable bit does not matter.
+	cmd := exec.CommandContext(ctx, "bash", script, ref)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("testenv: %s %s: %v\n%s", script, ref, err, out.Bytes())
+	}
+	t.Logf("testenv: built %s in %v", ref, time.Since(start).Round(time.Millisecond))
+}
+
+// repoRoot walks up from the working directory (the package directory under
+// go test) to the directory holding go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// lockFile takes an exclusive flock on path, waiting as long as needed, and
+// returns the function that releases it.
+func lockFile(t testing.TB, path string) (unlock func()) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatalf("testenv: open lock file: %v", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		t.Fatalf("testenv: lock %s: %v", path, err)
+	}
+	return func() { _ = f.Close() } // closing the file releases the lock
+}
