@@ -477,3 +477,6 @@ func (s *Server) refuse(c net.Conn, project, code, msg, hint string) {
 		s.log.Debug("write error response", "err", err)
 	}
 }
+
+// OpenConns is the number of client connections holding a slot.
+func (s *Server) OpenConns() int { return int(s.total.Load()) }

@@ -1,0 +1,242 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/moby/moby/api/types/events"
+	"github.com/moby/moby/client"
+
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/dockerbackend"
+	"github.com/pgwake/pgwake/internal/proxy"
+	"github.com/pgwake/pgwake/internal/testenv"
+)
+
+// harness runs a real proxy.Server on loopback in front of a real Docker
+// backend. Everything it creates carries a fresh instance label and is
+// removed when the test ends.
+type harness struct {
+	t        testing.TB
+	docker   *client.Client
+	image    string
+	instance string
+	be       backend.Backend
+	srv      *proxy.Server
+	addr     string
+
+	mu      sync.Mutex
+	changed chan struct{} // signalled (non-blocking) on every state change
+}
+
+type harnessOptions struct {
+	proxy proxy.Options
+	// wrap lets a test interpose on backend calls (to hold a sleep call
+	// open, for example); the real backend still does the work.
+	wrap func(backend.Backend) backend.Backend
+}
+
+func newHarness(t testing.TB, o harnessOptions) *harness {
+	t.Helper()
+	h := &harness{
+		t:        t,
+		docker:   testenv.DockerClient(t),
+		image:    testenv.PostgresImage(t),
+		instance: "t" + randHex(4),
+		changed:  make(chan struct{}, 1),
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	be, err := dockerbackend.New(t.Context(), dockerbackend.Options{Instance: h.instance, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	t.Cleanup(h.removeAll)
+	h.be = be
+	if o.wrap != nil {
+		h.be = o.wrap(be)
+	}
+
+	opts := o.proxy
+	opts.Backend = h.be
+	opts.Logger = log
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = 50 * time.Millisecond
+	}
+	if opts.WakeTimeout == 0 {
+		opts.WakeTimeout = 60 * time.Second
+	}
+	opts.OnChange = func(string) {
+		select {
+		case h.changed <- struct{}{}:
+		default:
+		}
+	}
+	srv, err := proxy.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.srv = srv
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ctx, ln); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		// Every path must give its connection slot back exactly once.
+		if n := srv.OpenConns(); n != 0 {
+			t.Errorf("OpenConns after shutdown = %d, want 0", n)
+		}
+	})
+	return h
+}
+
+// removeAll deletes every container and volume of this harness's instance.
+func (h *harness) removeAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := make(client.Filters).Add("label", dockerbackend.LabelInstance+"="+h.instance)
+	cs, err := h.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err == nil {
+		for _, c := range cs.Items {
+			_, _ = h.docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		}
+	}
+	vs, err := h.docker.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err == nil {
+		for _, v := range vs.Items {
+			_, _ = h.docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
+		}
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// addProject creates a project's server (not started) and registers it.
+func (h *harness) addProject(name string, mode backend.SleepMode, sleepAfter time.Duration) backend.Spec {
+	h.t.Helper()
+	spec := backend.Spec{Name: name, Image: h.image, User: "postgres", Password: "pw-" + randHex(8), Database: name}
+	if err := h.be.Ensure(h.t.Context(), spec); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.srv.AddProject(h.t.Context(), proxy.Project{Spec: spec, SleepAfter: sleepAfter, SleepMode: mode}); err != nil {
+		h.t.Fatal(err)
+	}
+	return spec
+}
+
+// url is a connection string through the proxy.
+func (h *harness) url(spec backend.Spec) string {
+	u := url.URL{
+		Scheme: "postgres", User: url.UserPassword(spec.User, spec.Password),
+		Host: h.addr, Path: "/" + spec.Name, RawQuery: "sslmode=disable&connect_timeout=90",
+	}
+	return u.String()
+}
+
+func (h *harness) connect(ctx context.Context, spec backend.Spec) *pgx.Conn {
+	h.t.Helper()
+	conn, err := pgx.Connect(ctx, h.url(spec))
+	if err != nil {
+		h.t.Fatalf("connect to %s: %v", spec.Name, err)
+	}
+	h.t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func (h *harness) status(name string) proxy.Status {
+	h.t.Helper()
+	st, err := h.srv.ProjectStatus(name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return st
+}
+
+// waitFor waits, on state-change notifications rather than a fixed sleep,
+// until cond holds for the project's status.
+func (h *harness) waitFor(name string, what string, timeout time.Duration, cond func(proxy.Status) bool) proxy.Status {
+	h.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		st := h.status(name)
+		if cond(st) {
+			return st
+		}
+		select {
+		case <-h.changed:
+		case <-deadline.C:
+			h.t.Fatalf("project %s: %s not reached within %s; status %+v", name, what, timeout, st)
+		}
+	}
+}
+
+func (h *harness) waitState(name string, want proxy.State, timeout time.Duration) proxy.Status {
+	h.t.Helper()
+	return h.waitFor(name, "state "+string(want), timeout, func(st proxy.Status) bool { return st.State == want })
+}
+
+// engineStarts counts the container start and unpause events the Docker
+// engine recorded for a project between since and now: what the engine did,
+// independent of what pgwake says it did.
+func (h *harness) engineStarts(spec backend.Spec, since time.Time) int {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := make(client.Filters).
+		Add("type", string(events.ContainerEventType)).
+		Add("label", dockerbackend.LabelInstance+"="+h.instance).
+		Add("label", dockerbackend.LabelProject+"="+spec.Name).
+		Add("event", "start", "unpause")
+	ts := func(t time.Time) string { return fmt.Sprintf("%d.%09d", t.Unix(), t.Nanosecond()) }
+	// With until in the past the engine replays its history and closes the
+	// stream, so the count is final.
+	res := h.docker.Events(ctx, client.EventsListOptions{Filters: f, Since: ts(since), Until: ts(time.Now())})
+	n := 0
+	for {
+		select {
+		case <-res.Messages:
+			n++
+		case err := <-res.Err:
+			if err != nil && !errors.Is(err, io.EOF) {
+				h.t.Fatalf("docker events: %v", err)
+			}
+			return n
+		}
+	}
+}
