@@ -184,34 +184,37 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 // never sees either. It returns the upstream connection and the bytes of
 // the first reply to pass on.
 func (s *Server) dialReady(ctx context.Context, p *project, packet []byte) (net.Conn, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.WakeTimeout)
+	// Waiting for a wake is bounded by the wake's own deadline; the retry
+	// budget starts once the project is awake, so a slow wake does not eat
+	// it.
+	addr, err := p.awake(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	retryCtx, cancel := context.WithTimeout(ctx, s.opts.WakeTimeout)
 	defer cancel()
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		addr, err := p.awake(ctx)
-		if err != nil {
-			if lastErr != nil && errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("timed out waiting for project %q to serve: %w", p.cfg.Spec.Name, lastErr)
-			}
-			return nil, nil, err
-		}
-		up, first, retry, err := s.tryUpstream(ctx, addr, packet)
+		up, first, retry, err := s.tryUpstream(retryCtx, addr, packet)
 		if err == nil {
 			return up, first, nil
 		}
-		if !retry {
+		lastErr = keepReason(lastErr, err)
+		if !retry && retryCtx.Err() == nil {
 			return nil, nil, err
 		}
-		lastErr = err
 		if attempt >= 2 {
 			// Repeated failures on a server we believe is running: it may
 			// have been stopped behind our back. Let awake re-check.
-			p.recheck(ctx, addr)
+			p.recheck(retryCtx, addr)
 		}
 		select {
-		case <-ctx.Done():
+		case <-retryCtx.Done():
 			return nil, nil, fmt.Errorf("timed out waiting for project %q to serve: %w", p.cfg.Spec.Name, lastErr)
 		case <-time.After(s.opts.ReadyPoll):
+		}
+		if addr, err = p.awake(retryCtx); err != nil {
+			return nil, nil, err
 		}
 	}
 }
@@ -260,6 +263,20 @@ func (s *Server) tryUpstream(ctx context.Context, addr string, packet []byte) (_
 	return up, first, false, nil
 }
 
+// keepReason keeps the backend's own reason (57P03's message, say) over
+// the deadline error that ends the last attempt.
+func keepReason(prev, err error) error {
+	if prev != nil && (isTimeout(err) || errors.Is(err, context.DeadlineExceeded)) {
+		return prev
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 func isReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && !op.Timeout()
@@ -299,10 +316,10 @@ func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) 
 			up.Close()
 			return nil
 		}
-		if !retry && ctx.Err() == nil {
+		if !retry && ctx.Err() == nil && !isTimeout(err) {
 			return err
 		}
-		lastErr = err
+		lastErr = keepReason(lastErr, err)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("server did not become ready: %w", lastErr)

@@ -2,16 +2,15 @@ package proxy_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +36,6 @@ type harness struct {
 	srv      *proxy.Server
 	addr     string
 
-	mu      sync.Mutex
 	changed chan struct{} // signalled (non-blocking) on every state change
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -475,7 +476,22 @@ func (s *Server) refuse(c net.Conn, project, code, msg, hint string) {
 	_ = c.SetWriteDeadline(s.now().Add(5 * time.Second))
 	if err := pgwire.WriteError(c, code, msg, hint); err != nil {
 		s.log.Debug("write error response", "err", err)
+		return
 	}
+	lingerClose(c)
+}
+
+// lingerClose sends FIN and briefly discards what the client still sends:
+// closing a socket with unread input makes the kernel answer with a reset,
+// which can destroy the error response before the client reads it.
+func lingerClose(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	_ = tc.CloseWrite()
+	_ = tc.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(tc, 64<<10))
 }
 
 // OpenConns is the number of client connections holding a slot.

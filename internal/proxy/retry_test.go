@@ -1,0 +1,202 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/proxy"
+)
+
+// scriptedUpstream is a FAKE Postgres server, used because a real Postgres
+// cannot be made to answer 57P03 ("the database system is starting up") or
+// to close a connection without a byte on demand. Each accepted connection
+// takes the next step of the script; after the script it answers like a
+// server that accepts the login.
+type scriptedUpstream struct {
+	ln net.Listener
+
+	mu       sync.Mutex
+	script   []string // "57P03", "eof" or "ok"
+	attempts int
+	wg       sync.WaitGroup
+}
+
+func newScriptedUpstream(t *testing.T, script ...string) *scriptedUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &scriptedUpstream{ln: ln, script: script}
+	u.wg.Add(1)
+	go u.serve()
+	t.Cleanup(func() { ln.Close(); u.wg.Wait() })
+	return u
+}
+
+func (u *scriptedUpstream) serve() {
+	defer u.wg.Done()
+	for {
+		c, err := u.ln.Accept()
+		if err != nil {
+			return
+		}
+		u.mu.Lock()
+		step := "ok"
+		if u.attempts < len(u.script) {
+			step = u.script[u.attempts]
+		}
+		u.attempts++
+		u.mu.Unlock()
+		u.wg.Add(1)
+		go func() {
+			defer u.wg.Done()
+			defer c.Close()
+			be := pgproto3.NewBackend(c, c)
+			if _, err := be.ReceiveStartupMessage(); err != nil {
+				return
+			}
+			switch step {
+			case "eof":
+				return
+			case "57P03":
+				be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "57P03", Message: "the database system is starting up"})
+				be.Flush()
+				return
+			}
+			be.Send(&pgproto3.AuthenticationOk{})
+			be.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: "15-scripted"})
+			be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+			be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+			if be.Flush() != nil {
+				return
+			}
+			for {
+				msg, err := be.Receive()
+				if err != nil {
+					return
+				}
+				if _, ok := msg.(*pgproto3.Terminate); ok {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func (u *scriptedUpstream) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.attempts
+}
+
+// addrBackend is a FAKE backend that "starts" a server at a fixed address
+// (the scripted upstream); it exists only to put that fake behind the proxy.
+type addrBackend struct {
+	addr string
+
+	mu      sync.Mutex
+	running bool
+}
+
+func (b *addrBackend) Name() string                                     { return "scripted" }
+func (b *addrBackend) Ensure(context.Context, backend.Spec) error       { return nil }
+func (b *addrBackend) Remove(context.Context, backend.Spec, bool) error { return nil }
+func (b *addrBackend) Close() error                                     { return nil }
+func (b *addrBackend) Start(context.Context, backend.Spec) (string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running = true
+	return b.addr, nil
+}
+func (b *addrBackend) Sleep(context.Context, backend.Spec, backend.SleepMode) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running = false
+	return nil
+}
+func (b *addrBackend) Status(context.Context, backend.Spec) (backend.Status, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.running {
+		return backend.Status{State: backend.StateRunning, Addr: b.addr}, nil
+	}
+	return backend.Status{State: backend.StateStopped}, nil
+}
+
+func serveScripted(t *testing.T, u *scriptedUpstream, opts proxy.Options) (*proxy.Server, string) {
+	t.Helper()
+	opts.Backend = &addrBackend{addr: u.ln.Addr().String()}
+	opts.ReadyPoll = time.Millisecond
+	srv, err := proxy.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := backend.Spec{Name: "app", User: "u", Database: "app"}
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		srv.Close()
+	})
+	return srv, ln.Addr().String()
+}
+
+func TestRetriesStartingUpAndEarlyEOF(t *testing.T) {
+	t.Parallel()
+	// The wake's readiness probe meets 57P03 then EOF; then the client's own
+	// replayed startup meets the same, and must still get through.
+	u := newScriptedUpstream(t, "57P03", "eof", "ok", "57P03", "eof", "57P03")
+	_, addr := serveScripted(t, u, proxy.Options{})
+	conn, err := pgconn.Connect(t.Context(), "postgres://u@"+addr+"/app?sslmode=disable")
+	if err != nil {
+		t.Fatalf("client saw %v; the proxy should have retried", err)
+	}
+	defer conn.Close(context.Background())
+	if v := conn.ParameterStatus("server_version"); v != "15-scripted" {
+		t.Fatalf("server_version %q", v)
+	}
+	if n := u.count(); n != 7 {
+		t.Fatalf("upstream saw %d connections, want 7 (3 probe + 4 client)", n)
+	}
+}
+
+func TestStartingUpUntilDeadlineFails(t *testing.T) {
+	t.Parallel()
+	script := make([]string, 1_000_000)
+	for i := range script {
+		script[i] = "57P03"
+	}
+	u := newScriptedUpstream(t, script...)
+	srv, addr := serveScripted(t, u, proxy.Options{WakeTimeout: 300 * time.Millisecond, BackoffBase: time.Hour})
+	_, err := pgconn.Connect(t.Context(), "postgres://u@"+addr+"/app?sslmode=disable")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		t.Fatalf("err = %v, want a Postgres error", err)
+	}
+	if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "starting up") {
+		t.Fatalf("got %s %q, want 08006 with the backend's reason", pgErr.Code, pgErr.Message)
+	}
+	st, _ := srv.ProjectStatus("app")
+	if st.State != proxy.StateSleeping || st.WakeFails != 1 {
+		t.Fatalf("after a timed-out wake: state %s failures %d, want sleeping and 1", st.State, st.WakeFails)
+	}
+}
