@@ -336,3 +336,38 @@ func asPgError(t *testing.T, err error) *pgconn.PgError {
 	}
 	return pgErr
 }
+
+func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessOptions{})
+	spec := h.addProject("drift", backend.SleepStop, 0)
+	ctx := t.Context()
+	conn := h.connect(ctx, spec)
+	if _, err := conn.Exec(ctx, "create table keep(v int); insert into keep values (7)"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	h.waitFor("drift", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+	if err := h.srv.Sleep(ctx, "drift"); err != nil {
+		t.Fatal(err)
+	}
+	// Someone replaces the container by hand: same name, no labels, no
+	// published port, no volume.
+	name := "pgwake-" + h.instance + "-drift"
+	for _, args := range [][]string{
+		{"rm", "-f", name},
+		{"create", "--name", name, "-e", "POSTGRES_PASSWORD=other", h.image},
+	} {
+		if out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput(); err != nil {
+			t.Fatalf("docker %v: %v\n%s", args, err, out)
+		}
+	}
+	conn = h.connect(ctx, spec)
+	var v int
+	if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v != 7 {
+		t.Fatalf("got %d", v)
+	}
+}
