@@ -66,7 +66,7 @@ sees nothing but a slower first connect.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&configFile, "config", "", "config file (env "+config.EnvConfigFile+"; default ./"+config.DefaultFile+" if present)")
-	config.BindFlags(pf, "state_dir", "admin_socket", "log_level", "log_format")
+	config.BindFlags(pf, globalKeys...)
 
 	root.AddCommand(
 		newUpCommand(d),
@@ -83,6 +83,10 @@ sees nothing but a slower first connect.
 	)
 	return root
 }
+
+// globalKeys are the config keys every command takes as flags; `up` takes
+// the rest.
+var globalKeys = []string{"state_dir", "admin_socket", "log_level", "log_format"}
 
 // exactArgs is cobra.ExactArgs with a usage exit code and a clearer message.
 func exactArgs(n int, what string) cobra.PositionalArgs {

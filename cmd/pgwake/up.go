@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -47,7 +48,13 @@ once it serves.`,
 	f.BoolVarP(&o.detach, "detach", "d", false, "run in the background")
 	f.BoolVar(&o.wait, "wait", false, "with -d: return once pgwake serves")
 	f.DurationVar(&o.waitTimeout, "wait-timeout", 60*time.Second, "with --wait: how long to wait")
-	config.BindFlags(f)
+	var keys []string
+	for _, k := range config.Keys() {
+		if !slices.Contains(globalKeys, k.Name) {
+			keys = append(keys, k.Name)
+		}
+	}
+	config.BindFlags(f, keys...)
 	return cmd
 }
 
