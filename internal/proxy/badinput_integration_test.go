@@ -66,152 +66,154 @@ func expectClosed(t *testing.T, c net.Conn) {
 }
 
 func TestIntegrationBadInput(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{proxy: proxy.Options{
-		StartupTimeout:  300 * time.Millisecond,
-		MaxProjectConns: 2,
-	}})
-	spec := h.addProject("quiet", backend.SleepStop, 0)
-	h.addProject("other", backend.SleepStop, 0)
-	since := time.Now()
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{
+			StartupTimeout:  300 * time.Millisecond,
+			MaxProjectConns: 2,
+		}})
+		spec := h.addProject("quiet", backend.SleepStop, 0)
+		h.addProject("other", backend.SleepStop, 0)
+		starts := k.startCounter(t, h, spec)
 
-	withCode := func(code string) func(*testing.T, net.Conn) {
-		return func(t *testing.T, c net.Conn) {
-			if er := readError(t, c); er.Code != code {
-				t.Fatalf("code %s (%s), want %s", er.Code, er.Message, code)
+		withCode := func(code string) func(*testing.T, net.Conn) {
+			return func(t *testing.T, c net.Conn) {
+				if er := readError(t, c); er.Code != code {
+					t.Fatalf("code %s (%s), want %s", er.Code, er.Message, code)
+				}
 			}
 		}
-	}
-	tests := []struct {
-		name  string
-		send  func(t *testing.T, c net.Conn)
-		check func(t *testing.T, c net.Conn)
-	}{
-		{
-			name: "unknown project lists the known ones",
-			send: func(t *testing.T, c net.Conn) {
-				c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "nope"}))
+		tests := []struct {
+			name  string
+			send  func(t *testing.T, c net.Conn)
+			check func(t *testing.T, c net.Conn)
+		}{
+			{
+				name: "unknown project lists the known ones",
+				send: func(t *testing.T, c net.Conn) {
+					c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "nope"}))
+				},
+				check: func(t *testing.T, c net.Conn) {
+					er := readError(t, c)
+					if er.Code != "3D000" || !strings.Contains(er.Message, `"nope"`) ||
+						!strings.Contains(er.Hint, "other") || !strings.Contains(er.Hint, "quiet") {
+						t.Fatalf("got %s %q hint %q", er.Code, er.Message, er.Hint)
+					}
+				},
 			},
-			check: func(t *testing.T, c net.Conn) {
-				er := readError(t, c)
-				if er.Code != "3D000" || !strings.Contains(er.Message, `"nope"`) ||
-					!strings.Contains(er.Hint, "other") || !strings.Contains(er.Hint, "quiet") {
-					t.Fatalf("got %s %q hint %q", er.Code, er.Message, er.Hint)
-				}
+			{
+				name: "database defaults to the user name",
+				send: func(t *testing.T, c net.Conn) {
+					c.Write(startupPacket(t, map[string]string{"user": "nobody"}))
+				},
+				check: withCode("3D000"),
 			},
-		},
-		{
-			name: "database defaults to the user name",
-			send: func(t *testing.T, c net.Conn) {
-				c.Write(startupPacket(t, map[string]string{"user": "nobody"}))
+			{
+				name: "oversized startup packet",
+				send: func(t *testing.T, c net.Conn) {
+					c.Write(binary.BigEndian.AppendUint32(nil, 10000+4+1))
+				},
+				check: withCode("08P01"),
 			},
-			check: withCode("3D000"),
-		},
-		{
-			name: "oversized startup packet",
-			send: func(t *testing.T, c net.Conn) {
-				c.Write(binary.BigEndian.AppendUint32(nil, 10000+4+1))
+			{
+				name: "unsupported protocol version",
+				send: func(t *testing.T, c net.Conn) {
+					b := binary.BigEndian.AppendUint32(nil, 8+6)
+					b = binary.BigEndian.AppendUint32(b, 2<<16)
+					c.Write(append(b, "user\x00\x00"...))
+				},
+				check: withCode("08P01"),
 			},
-			check: withCode("08P01"),
-		},
-		{
-			name: "unsupported protocol version",
-			send: func(t *testing.T, c net.Conn) {
-				b := binary.BigEndian.AppendUint32(nil, 8+6)
-				b = binary.BigEndian.AppendUint32(b, 2<<16)
-				c.Write(append(b, "user\x00\x00"...))
+			{
+				name: "garbage",
+				send: func(t *testing.T, c net.Conn) {
+					c.Write([]byte("GET / HTTP/1.1\r\nHost: quiet\r\n\r\n"))
+				},
+				check: withCode("08P01"),
 			},
-			check: withCode("08P01"),
-		},
-		{
-			name: "garbage",
-			send: func(t *testing.T, c net.Conn) {
-				c.Write([]byte("GET / HTTP/1.1\r\nHost: quiet\r\n\r\n"))
+			{
+				name:  "nothing at all",
+				send:  func(t *testing.T, c net.Conn) { c.(*net.TCPConn).CloseWrite() },
+				check: expectClosed,
 			},
-			check: withCode("08P01"),
-		},
-		{
-			name:  "nothing at all",
-			send:  func(t *testing.T, c net.Conn) { c.(*net.TCPConn).CloseWrite() },
-			check: expectClosed,
-		},
-		{
-			name: "incomplete startup packet times out",
-			send: func(t *testing.T, c net.Conn) {
-				full := startupPacket(t, map[string]string{"user": "postgres", "database": "quiet"})
-				c.Write(full[:len(full)-3])
+			{
+				name: "incomplete startup packet times out",
+				send: func(t *testing.T, c net.Conn) {
+					full := startupPacket(t, map[string]string{"user": "postgres", "database": "quiet"})
+					c.Write(full[:len(full)-3])
+				},
+				check: func(t *testing.T, c net.Conn) {
+					er := readError(t, c)
+					if er.Code != "08P01" || !strings.Contains(er.Message, "timeout") {
+						t.Fatalf("got %s %q", er.Code, er.Message)
+					}
+				},
 			},
-			check: func(t *testing.T, c net.Conn) {
-				er := readError(t, c)
-				if er.Code != "08P01" || !strings.Contains(er.Message, "timeout") {
-					t.Fatalf("got %s %q", er.Code, er.Message)
-				}
+			{
+				name: "cancel request for a sleeping project",
+				send: func(t *testing.T, c net.Conn) {
+					b, _ := (&pgproto3.CancelRequest{ProcessID: 1234, SecretKey: []byte{1, 2, 3, 4}}).Encode(nil)
+					c.Write(b)
+				},
+				check: expectClosed,
 			},
-		},
-		{
-			name: "cancel request for a sleeping project",
-			send: func(t *testing.T, c net.Conn) {
-				b, _ := (&pgproto3.CancelRequest{ProcessID: 1234, SecretKey: []byte{1, 2, 3, 4}}).Encode(nil)
-				c.Write(b)
+			{
+				name: "ssl request then garbage",
+				send: func(t *testing.T, c net.Conn) {
+					b := binary.BigEndian.AppendUint32(nil, 8)
+					c.Write(binary.BigEndian.AppendUint32(b, 80877103))
+					var n [1]byte
+					if _, err := io.ReadFull(c, n[:]); err != nil || n[0] != 'N' {
+						t.Fatalf("SSLRequest answer %q, %v; want N", n[0], err)
+					}
+					c.Write([]byte{0, 0, 0, 3})
+				},
+				check: withCode("08P01"),
 			},
-			check: expectClosed,
-		},
-		{
-			name: "ssl request then garbage",
-			send: func(t *testing.T, c net.Conn) {
-				b := binary.BigEndian.AppendUint32(nil, 8)
-				c.Write(binary.BigEndian.AppendUint32(b, 80877103))
-				var n [1]byte
-				if _, err := io.ReadFull(c, n[:]); err != nil || n[0] != 'N' {
-					t.Fatalf("SSLRequest answer %q, %v; want N", n[0], err)
-				}
-				c.Write([]byte{0, 0, 0, 3})
-			},
-			check: withCode("08P01"),
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				c := rawConn(t, h.addr)
+				tt.send(t, c)
+				tt.check(t, c)
+			})
+		}
+
+		// None of that may have woken anything.
+		for _, name := range []string{"quiet", "other"} {
+			if st := h.status(name); st.State != proxy.StateSleeping || st.Wakes != 0 {
+				t.Errorf("%s: state %s wakes %d after bad input, want sleeping and 0", name, st.State, st.Wakes)
+			}
+		}
+		if n := starts(); n != 0 {
+			t.Errorf("the %s runtime saw %d server starts after bad input, want 0", k.name(), n)
+		}
+
+		t.Run("too many connections per project", func(t *testing.T) {
+			ctx := t.Context()
+			h.connect(ctx, spec)
+			h.connect(ctx, spec)
 			c := rawConn(t, h.addr)
-			tt.send(t, c)
-			tt.check(t, c)
+			c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "quiet"}))
+			if er := readError(t, c); er.Code != "53300" {
+				t.Fatalf("code %s (%s), want 53300", er.Code, er.Message)
+			}
 		})
-	}
-
-	// None of that may have woken anything.
-	for _, name := range []string{"quiet", "other"} {
-		if st := h.status(name); st.State != proxy.StateSleeping || st.Wakes != 0 {
-			t.Errorf("%s: state %s wakes %d after bad input, want sleeping and 0", name, st.State, st.Wakes)
-		}
-	}
-	if n := h.engineStarts(spec, since); n != 0 {
-		t.Errorf("docker engine saw %d starts after bad input, want 0", n)
-	}
-
-	t.Run("too many connections per project", func(t *testing.T) {
-		ctx := t.Context()
-		h.connect(ctx, spec)
-		h.connect(ctx, spec)
-		c := rawConn(t, h.addr)
-		c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "quiet"}))
-		if er := readError(t, c); er.Code != "53300" {
-			t.Fatalf("code %s (%s), want 53300", er.Code, er.Message)
-		}
 	})
 }
 
 func TestIntegrationTotalConnectionCap(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{proxy: proxy.Options{MaxConns: 1}})
-	a := h.addProject("capa", backend.SleepStop, 0)
-	h.addProject("capb", backend.SleepStop, 0)
-	h.connect(t.Context(), a)
-	c := rawConn(t, h.addr)
-	c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "capb"}))
-	if er := readError(t, c); er.Code != "53300" {
-		t.Fatalf("code %s (%s), want 53300", er.Code, er.Message)
-	}
-	if st := h.status("capb"); st.Wakes != 0 {
-		t.Fatalf("refused connection woke capb")
-	}
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{MaxConns: 1}})
+		a := h.addProject("capa", backend.SleepStop, 0)
+		h.addProject("capb", backend.SleepStop, 0)
+		h.connect(t.Context(), a)
+		c := rawConn(t, h.addr)
+		c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "capb"}))
+		if er := readError(t, c); er.Code != "53300" {
+			t.Fatalf("code %s (%s), want 53300", er.Code, er.Message)
+		}
+		if st := h.status("capb"); st.Wakes != 0 {
+			t.Fatalf("refused connection woke capb")
+		}
+	})
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -15,13 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/moby/moby/api/types/events"
-	"github.com/moby/moby/client"
 
 	"github.com/pgwake/pgwake/internal/backend"
-	"github.com/pgwake/pgwake/internal/dockerbackend"
 	"github.com/pgwake/pgwake/internal/proxy"
-	"github.com/pgwake/pgwake/internal/testenv"
 )
 
 // harness runs a real proxy.Server on loopback in front of a real Docker
@@ -29,7 +22,7 @@ import (
 // removed when the test ends.
 type harness struct {
 	t        testing.TB
-	docker   *client.Client
+	kit      kit
 	image    string
 	instance string
 	be       backend.Backend
@@ -46,12 +39,15 @@ type harnessOptions struct {
 	wrap func(backend.Backend) backend.Backend
 }
 
-func newHarness(t testing.TB, o harnessOptions) *harness {
+func newHarness(t testing.TB, k kit, o harnessOptions) *harness {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test; skipped with -short")
+	}
 	h := &harness{
 		t:        t,
-		docker:   testenv.DockerClient(t),
-		image:    testenv.PostgresImage(t),
+		kit:      k,
+		image:    k.image(t),
 		instance: "t" + randHex(4),
 		changed:  make(chan struct{}, 1),
 	}
@@ -59,12 +55,7 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	be, err := dockerbackend.New(t.Context(), dockerbackend.Options{Instance: h.instance, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { be.Close() })
-	t.Cleanup(h.removeAll)
+	be := k.newBackend(t, h.instance, log)
 	h.be = be
 	if o.wrap != nil {
 		h.be = o.wrap(be)
@@ -117,25 +108,6 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 		}
 	})
 	return h
-}
-
-// removeAll deletes every container and volume of this harness's instance.
-func (h *harness) removeAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := make(client.Filters).Add("label", dockerbackend.LabelInstance+"="+h.instance)
-	cs, err := h.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
-	if err == nil {
-		for _, c := range cs.Items {
-			_, _ = h.docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
-		}
-	}
-	vs, err := h.docker.VolumeList(ctx, client.VolumeListOptions{Filters: f})
-	if err == nil {
-		for _, v := range vs.Items {
-			_, _ = h.docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
-		}
-	}
 }
 
 func randHex(n int) string {
@@ -207,34 +179,4 @@ func (h *harness) waitFor(name string, what string, timeout time.Duration, cond 
 func (h *harness) waitState(name string, want proxy.State, timeout time.Duration) proxy.Status {
 	h.t.Helper()
 	return h.waitFor(name, "state "+string(want), timeout, func(st proxy.Status) bool { return st.State == want })
-}
-
-// engineStarts counts the container start and unpause events the Docker
-// engine recorded for a project between since and now: what the engine did,
-// independent of what pgwake says it did.
-func (h *harness) engineStarts(spec backend.Spec, since time.Time) int {
-	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	f := make(client.Filters).
-		Add("type", string(events.ContainerEventType)).
-		Add("label", dockerbackend.LabelInstance+"="+h.instance).
-		Add("label", dockerbackend.LabelProject+"="+spec.Name).
-		Add("event", "start", "unpause")
-	ts := func(t time.Time) string { return fmt.Sprintf("%d.%09d", t.Unix(), t.Nanosecond()) }
-	// With until in the past the engine replays its history and closes the
-	// stream, so the count is final.
-	res := h.docker.Events(ctx, client.EventsListOptions{Filters: f, Since: ts(since), Until: ts(time.Now())})
-	n := 0
-	for {
-		select {
-		case <-res.Messages:
-			n++
-		case err := <-res.Err:
-			if err != nil && !errors.Is(err, io.EOF) {
-				h.t.Fatalf("docker events: %v", err)
-			}
-			return n
-		}
-	}
 }

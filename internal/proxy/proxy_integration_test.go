@@ -18,177 +18,185 @@ import (
 )
 
 func TestIntegrationWakeOnConnectPsql(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("psqlapp", backend.SleepStop, 0)
-	if st := h.status("psqlapp"); st.State != proxy.StateSleeping {
-		t.Fatalf("new project state = %s, want sleeping", st.State)
-	}
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("psqlapp", backend.SleepStop, 0)
+		if st := h.status("psqlapp"); st.State != proxy.StateSleeping {
+			t.Fatalf("new project state = %s, want sleeping", st.State)
+		}
 
-	out, err := exec.CommandContext(t.Context(), "psql", h.url(spec), "-v", "ON_ERROR_STOP=1", "-Atc",
-		"create table t(v int); insert into t values (41),(1); select sum(v), current_database() from t").CombinedOutput()
-	if err != nil {
-		t.Fatalf("psql: %v\n%s", err, out)
-	}
-	if got, want := strings.TrimSpace(string(out)), "42|psqlapp"; !strings.HasSuffix(got, want) {
-		t.Fatalf("psql printed %q, want it to end with %q", got, want)
-	}
-	st := h.status("psqlapp")
-	if st.State != proxy.StateRunning || st.Wakes != 1 {
-		t.Fatalf("after connect: state %s wakes %d, want running and 1", st.State, st.Wakes)
-	}
+		out, err := exec.CommandContext(t.Context(), "psql", h.url(spec), "-v", "ON_ERROR_STOP=1", "-Atc",
+			"create table t(v int); insert into t values (41),(1); select sum(v), current_database() from t").CombinedOutput()
+		if err != nil {
+			t.Fatalf("psql: %v\n%s", err, out)
+		}
+		if got, want := strings.TrimSpace(string(out)), "42|psqlapp"; !strings.HasSuffix(got, want) {
+			t.Fatalf("psql printed %q, want it to end with %q", got, want)
+		}
+		st := h.status("psqlapp")
+		if st.State != proxy.StateRunning || st.Wakes != 1 {
+			t.Fatalf("after connect: state %s wakes %d, want running and 1", st.State, st.Wakes)
+		}
+	})
 }
 
 func TestIntegrationWakeOnConnectPgx(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("pgxapp", backend.SleepStop, 0)
-	ctx := t.Context()
-	conn := h.connect(ctx, spec)
-	var db string
-	var n int
-	if err := conn.QueryRow(ctx, "select current_database(), $1::int + 1", 41).Scan(&db, &n); err != nil {
-		t.Fatal(err)
-	}
-	if db != "pgxapp" || n != 42 {
-		t.Fatalf("got %q %d, want pgxapp 42", db, n)
-	}
-	// Startup parameters other than the database pass through untouched.
-	cfg, _ := pgx.ParseConfig(h.url(spec))
-	cfg.RuntimeParams["application_name"] = "pgwake-test-app"
-	conn2, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Close(ctx)
-	var app string
-	if err := conn2.QueryRow(ctx, "show application_name").Scan(&app); err != nil {
-		t.Fatal(err)
-	}
-	if app != "pgwake-test-app" {
-		t.Fatalf("application_name = %q", app)
-	}
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("pgxapp", backend.SleepStop, 0)
+		ctx := t.Context()
+		conn := h.connect(ctx, spec)
+		var db string
+		var n int
+		if err := conn.QueryRow(ctx, "select current_database(), $1::int + 1", 41).Scan(&db, &n); err != nil {
+			t.Fatal(err)
+		}
+		if db != "pgxapp" || n != 42 {
+			t.Fatalf("got %q %d, want pgxapp 42", db, n)
+		}
+		// Startup parameters other than the database pass through untouched.
+		cfg, _ := pgx.ParseConfig(h.url(spec))
+		cfg.RuntimeParams["application_name"] = "pgwake-test-app"
+		conn2, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn2.Close(ctx)
+		var app string
+		if err := conn2.QueryRow(ctx, "show application_name").Scan(&app); err != nil {
+			t.Fatal(err)
+		}
+		if app != "pgwake-test-app" {
+			t.Fatalf("application_name = %q", app)
+		}
+	})
 }
 
 func TestIntegrationConcurrentConnectsWakeOnce(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("herd", backend.SleepStop, 0)
-	since := time.Now()
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("herd", backend.SleepStop, 0)
+		starts := k.startCounter(t, h, spec)
 
-	const clients = 50
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	errs := make(chan error, clients)
-	start := make(chan struct{})
-	for i := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			conn, err := pgx.Connect(ctx, h.url(spec))
-			if err != nil {
-				errs <- fmt.Errorf("client %d: %w", i, err)
-				return
-			}
-			defer conn.Close(ctx)
-			var got int
-			if err := conn.QueryRow(ctx, "select $1::int", i).Scan(&got); err != nil || got != i {
-				errs <- fmt.Errorf("client %d: got %d, %v", i, got, err)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if n := h.engineStarts(spec, since); n != 1 {
-		t.Fatalf("docker engine saw %d container starts, want exactly 1", n)
-	}
-	if st := h.status("herd"); st.Wakes != 1 {
-		t.Fatalf("pgwake counted %d wakes, want 1", st.Wakes)
-	}
+		const clients = 50
+		ctx := t.Context()
+		var wg sync.WaitGroup
+		errs := make(chan error, clients)
+		start := make(chan struct{})
+		for i := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				conn, err := pgx.Connect(ctx, h.url(spec))
+				if err != nil {
+					errs <- fmt.Errorf("client %d: %w", i, err)
+					return
+				}
+				defer conn.Close(ctx)
+				var got int
+				if err := conn.QueryRow(ctx, "select $1::int", i).Scan(&got); err != nil || got != i {
+					errs <- fmt.Errorf("client %d: got %d, %v", i, got, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if n := starts(); n != 1 {
+			t.Fatalf("the %s runtime saw %d server starts, want exactly 1", k.name(), n)
+		}
+		if st := h.status("herd"); st.Wakes != 1 {
+			t.Fatalf("pgwake counted %d wakes, want 1", st.Wakes)
+		}
+	})
 }
 
 func TestIntegrationNoRowLostAcrossSleepWake(t *testing.T) {
-	t.Parallel()
-	for _, mode := range []backend.SleepMode{backend.SleepStop, backend.SleepPause} {
-		t.Run(string(mode), func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, harnessOptions{})
-			name := "rows" + string(mode)
-			spec := h.addProject(name, mode, 0)
-			ctx := t.Context()
-			cycles := 20
-			for i := range cycles {
-				conn, err := pgx.Connect(ctx, h.url(spec))
-				if err != nil {
-					t.Fatalf("cycle %d: %v", i, err)
+	forEachBackend(t, func(t *testing.T, k kit) {
+		for _, mode := range []backend.SleepMode{backend.SleepStop, backend.SleepPause} {
+			t.Run(string(mode), func(t *testing.T) {
+				if mode == backend.SleepPause && !k.canPause() {
+					t.Skipf("the %s backend cannot pause", k.name())
 				}
-				if _, err := conn.Exec(ctx, "create table if not exists r(i int primary key)"); err != nil {
+				t.Parallel()
+				h := newHarness(t, k, harnessOptions{})
+				name := "rows" + string(mode)
+				spec := h.addProject(name, mode, 0)
+				ctx := t.Context()
+				cycles := 20
+				for i := range cycles {
+					conn, err := pgx.Connect(ctx, h.url(spec))
+					if err != nil {
+						t.Fatalf("cycle %d: %v", i, err)
+					}
+					if _, err := conn.Exec(ctx, "create table if not exists r(i int primary key)"); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := conn.Exec(ctx, "insert into r values ($1)", i); err != nil {
+						t.Fatal(err)
+					}
+					conn.Close(ctx)
+					h.waitFor(name, "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+					if err := h.srv.Sleep(ctx, name); err != nil {
+						t.Fatalf("cycle %d: sleep: %v", i, err)
+					}
+					if st := h.status(name); st.State != proxy.StateSleeping {
+						t.Fatalf("cycle %d: state %s after Sleep", i, st.State)
+					}
+				}
+				conn := h.connect(ctx, spec)
+				var n, sum int
+				if err := conn.QueryRow(ctx, "select count(*), sum(i) from r").Scan(&n, &sum); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := conn.Exec(ctx, "insert into r values ($1)", i); err != nil {
-					t.Fatal(err)
+				if n != cycles || sum != cycles*(cycles-1)/2 {
+					t.Fatalf("rows: count %d sum %d, want %d and %d", n, sum, cycles, cycles*(cycles-1)/2)
 				}
-				conn.Close(ctx)
-				h.waitFor(name, "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
-				if err := h.srv.Sleep(ctx, name); err != nil {
-					t.Fatalf("cycle %d: sleep: %v", i, err)
+				if st := h.status(name); st.Wakes != cycles+1 {
+					t.Fatalf("wakes = %d, want %d", st.Wakes, cycles+1)
 				}
-				if st := h.status(name); st.State != proxy.StateSleeping {
-					t.Fatalf("cycle %d: state %s after Sleep", i, st.State)
-				}
-			}
-			conn := h.connect(ctx, spec)
-			var n, sum int
-			if err := conn.QueryRow(ctx, "select count(*), sum(i) from r").Scan(&n, &sum); err != nil {
-				t.Fatal(err)
-			}
-			if n != cycles || sum != cycles*(cycles-1)/2 {
-				t.Fatalf("rows: count %d sum %d, want %d and %d", n, sum, cycles, cycles*(cycles-1)/2)
-			}
-			if st := h.status(name); st.Wakes != cycles+1 {
-				t.Fatalf("wakes = %d, want %d", st.Wakes, cycles+1)
-			}
-		})
-	}
+			})
+		}
+	})
 }
 
 func TestIntegrationIdleSweep(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	const sleepAfter = 700 * time.Millisecond
-	spec := h.addProject("idle", backend.SleepStop, sleepAfter)
-	ctx := t.Context()
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		const sleepAfter = 700 * time.Millisecond
+		spec := h.addProject("idle", backend.SleepStop, sleepAfter)
+		ctx := t.Context()
 
-	t.Run("held connection keeps it awake", func(t *testing.T) {
-		conn := h.connect(ctx, spec)
-		// There is no event for "did not sleep": watch several sweep
-		// periods pass (50ms each) beyond sleep_after, then check.
-		deadline := time.Now().Add(3 * sleepAfter)
-		for time.Now().Before(deadline) {
-			if st := h.status("idle"); st.State != proxy.StateRunning {
-				t.Fatalf("state %s with a connection open", st.State)
+		t.Run("held connection keeps it awake", func(t *testing.T) {
+			conn := h.connect(ctx, spec)
+			// There is no event for "did not sleep": watch several sweep
+			// periods pass (50ms each) beyond sleep_after, then check.
+			deadline := time.Now().Add(3 * sleepAfter)
+			for time.Now().Before(deadline) {
+				if st := h.status("idle"); st.State != proxy.StateRunning {
+					t.Fatalf("state %s with a connection open", st.State)
+				}
+				if err := conn.Ping(ctx); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
+			conn.Close(ctx)
+		})
+		t.Run("idle project sleeps", func(t *testing.T) {
+			st := h.waitState("idle", proxy.StateSleeping, 30*time.Second)
+			if st.LastError != "" {
+				t.Fatalf("sleep recorded error %q", st.LastError)
+			}
+			conn := h.connect(ctx, spec)
 			if err := conn.Ping(ctx); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		conn.Close(ctx)
-	})
-	t.Run("idle project sleeps", func(t *testing.T) {
-		st := h.waitState("idle", proxy.StateSleeping, 30*time.Second)
-		if st.LastError != "" {
-			t.Fatalf("sleep recorded error %q", st.LastError)
-		}
-		conn := h.connect(ctx, spec)
-		if err := conn.Ping(ctx); err != nil {
-			t.Fatal(err)
-		}
+		})
 	})
 }
 
@@ -211,121 +219,122 @@ func (b *holdSleep) Sleep(ctx context.Context, spec backend.Spec, mode backend.S
 }
 
 func TestIntegrationClientArrivingDuringSleepIsServed(t *testing.T) {
-	t.Parallel()
-	hold := &holdSleep{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	h := newHarness(t, harnessOptions{
-		proxy: proxy.Options{GracePeriod: 0},
-		wrap:  func(b backend.Backend) backend.Backend { hold.Backend = b; return hold },
-	})
-	spec := h.addProject("racy", backend.SleepStop, 300*time.Millisecond)
-	ctx := t.Context()
-	conn := h.connect(ctx, spec)
-	conn.Close(ctx)
+	forEachBackend(t, func(t *testing.T, k kit) {
+		hold := &holdSleep{entered: make(chan struct{}, 1), release: make(chan struct{})}
+		h := newHarness(t, k, harnessOptions{
+			proxy: proxy.Options{GracePeriod: 0},
+			wrap:  func(b backend.Backend) backend.Backend { hold.Backend = b; return hold },
+		})
+		spec := h.addProject("racy", backend.SleepStop, 300*time.Millisecond)
+		ctx := t.Context()
+		conn := h.connect(ctx, spec)
+		conn.Close(ctx)
 
-	<-hold.entered // the sweep decided to sleep and is inside the backend call
-	if st := h.status("racy"); st.State != proxy.StateStopping {
-		t.Fatalf("state %s during the sleep call, want stopping", st.State)
-	}
-	type result struct {
-		n   int
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := pgx.Connect(ctx, h.url(spec))
-		if err != nil {
-			got <- result{err: err}
-			return
+		<-hold.entered // the sweep decided to sleep and is inside the backend call
+		if st := h.status("racy"); st.State != proxy.StateStopping {
+			t.Fatalf("state %s during the sleep call, want stopping", st.State)
 		}
-		defer c.Close(ctx)
-		var n int
-		err = c.QueryRow(ctx, "select 7").Scan(&n)
-		got <- result{n: n, err: err}
-	}()
-	// The client is parked: it holds a slot while the sleep is in flight.
-	h.waitFor("racy", "client parked", 10*time.Second, func(st proxy.Status) bool { return st.Active == 1 })
-	close(hold.release)
-	r := <-got
-	if r.err != nil || r.n != 7 {
-		t.Fatalf("client during sleep: %d, %v", r.n, r.err)
-	}
-	if st := h.status("racy"); st.Wakes != 2 {
-		t.Fatalf("wakes = %d, want 2 (woken again after the sleep)", st.Wakes)
-	}
+		type result struct {
+			n   int
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			c, err := pgx.Connect(ctx, h.url(spec))
+			if err != nil {
+				got <- result{err: err}
+				return
+			}
+			defer c.Close(ctx)
+			var n int
+			err = c.QueryRow(ctx, "select 7").Scan(&n)
+			got <- result{n: n, err: err}
+		}()
+		// The client is parked: it holds a slot while the sleep is in flight.
+		h.waitFor("racy", "client parked", 10*time.Second, func(st proxy.Status) bool { return st.Active == 1 })
+		close(hold.release)
+		r := <-got
+		if r.err != nil || r.n != 7 {
+			t.Fatalf("client during sleep: %d, %v", r.n, r.err)
+		}
+		if st := h.status("racy"); st.Wakes != 2 {
+			t.Fatalf("wakes = %d, want 2 (woken again after the sleep)", st.Wakes)
+		}
+	})
 }
 
 func TestIntegrationContainerRemovedOutsideIsRecreated(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("gone", backend.SleepStop, 0)
-	ctx := t.Context()
-	conn := h.connect(ctx, spec)
-	if _, err := conn.Exec(ctx, "create table keep(v text); insert into keep values ('survives')"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	forEachBackend(t, func(t *testing.T, k kit) {
+		if k.name() != "docker" {
+			t.Skip("containers only exist on the docker backend")
+		}
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("gone", backend.SleepStop, 0)
+		ctx := t.Context()
+		conn := h.connect(ctx, spec)
+		if _, err := conn.Exec(ctx, "create table keep(v text); insert into keep values ('survives')"); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
 
-	out, err := exec.CommandContext(ctx, "docker", "rm", "-f", "pgwake-"+h.instance+"-gone").CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker rm: %v\n%s", err, out)
-	}
-	// The engine's destroy event reaches pgwake, which stops routing to the
-	// dead address; the next client wakes a recreated container on the
-	// same volume.
-	h.waitState("gone", proxy.StateSleeping, 30*time.Second)
-	conn = h.connect(ctx, spec)
-	var v string
-	if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	if v != "survives" {
-		t.Fatalf("got %q", v)
-	}
+		dockerCLI(t, "rm", "-f", containerName(h, "gone"))
+		// The engine's destroy event reaches pgwake, which stops routing to the
+		// dead address; the next client wakes a recreated container on the
+		// same volume.
+		h.waitState("gone", proxy.StateSleeping, 30*time.Second)
+		conn = h.connect(ctx, spec)
+		var v string
+		if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != "survives" {
+			t.Fatalf("got %q", v)
+		}
+	})
 }
 
 func TestIntegrationStoppedOutsideIsWokenAgain(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("stopped", backend.SleepStop, 0)
-	ctx := t.Context()
-	h.connect(ctx, spec).Close(ctx)
-	out, err := exec.CommandContext(ctx, "docker", "stop", "pgwake-"+h.instance+"-stopped").CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker stop: %v\n%s", err, out)
-	}
-	conn := h.connect(ctx, spec)
-	if err := conn.Ping(ctx); err != nil {
-		t.Fatal(err)
-	}
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("stopped", backend.SleepStop, 0)
+		ctx := t.Context()
+		h.connect(ctx, spec).Close(ctx)
+		k.stopOutside(t, h, spec)
+		conn := h.connect(ctx, spec)
+		if err := conn.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 func TestIntegrationWakeFailureBacksOff(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{proxy: proxy.Options{BackoffBase: time.Minute}})
-	// An image that is neither present nor pullable here: every wake fails.
-	spec := backend.Spec{Name: "broken", Image: "pgwake-test/does-not-exist:0", User: "postgres", Password: "x", Database: "broken"}
-	if err := h.srv.AddProject(t.Context(), proxy.Project{Spec: spec, SleepMode: backend.SleepStop}); err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	_, err := pgx.Connect(ctx, h.url(spec))
-	pgErr := asPgError(t, err)
-	if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "does-not-exist") {
-		t.Fatalf("first connect: %s %q, want 08006 naming the image", pgErr.Code, pgErr.Message)
-	}
-	st := h.status("broken")
-	if st.State != proxy.StateSleeping || st.WakeFails != 1 || st.LastError == "" || st.RetryAt.IsZero() {
-		t.Fatalf("after failed wake: %+v", st)
-	}
-	// Within the backoff the project is not retried; the client is told why.
-	_, err = pgx.Connect(ctx, h.url(spec))
-	pgErr = asPgError(t, err)
-	if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "next attempt in") {
-		t.Fatalf("second connect: %s %q, want 08006 mentioning the backoff", pgErr.Code, pgErr.Message)
-	}
-	if st := h.status("broken"); st.WakeFails != 1 {
-		t.Fatalf("wake failures = %d during backoff, want 1 (no retry)", st.WakeFails)
-	}
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{BackoffBase: time.Minute}})
+		// An image that is neither present nor pullable here: every wake fails.
+		spec, reason := k.brokenSpec(t, h)
+		if err := h.srv.AddProject(t.Context(), proxy.Project{Spec: spec, SleepMode: backend.SleepStop}); err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		_, err := pgx.Connect(ctx, h.url(spec))
+		pgErr := asPgError(t, err)
+		if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, reason) {
+			t.Fatalf("first connect: %s %q, want 08006 with %q", pgErr.Code, pgErr.Message, reason)
+		}
+		st := h.status("broken")
+		if st.State != proxy.StateSleeping || st.WakeFails != 1 || st.LastError == "" || st.RetryAt.IsZero() {
+			t.Fatalf("after failed wake: %+v", st)
+		}
+		// Within the backoff the project is not retried; the client is told why.
+		_, err = pgx.Connect(ctx, h.url(spec))
+		pgErr = asPgError(t, err)
+		if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "next attempt in") {
+			t.Fatalf("second connect: %s %q, want 08006 mentioning the backoff", pgErr.Code, pgErr.Message)
+		}
+		if st := h.status("broken"); st.WakeFails != 1 {
+			t.Fatalf("wake failures = %d during backoff, want 1 (no retry)", st.WakeFails)
+		}
+	})
 }
 
 func asPgError(t *testing.T, err error) *pgconn.PgError {
@@ -338,36 +347,34 @@ func asPgError(t *testing.T, err error) *pgconn.PgError {
 }
 
 func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, harnessOptions{})
-	spec := h.addProject("drift", backend.SleepStop, 0)
-	ctx := t.Context()
-	conn := h.connect(ctx, spec)
-	if _, err := conn.Exec(ctx, "create table keep(v int); insert into keep values (7)"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
-	h.waitFor("drift", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
-	if err := h.srv.Sleep(ctx, "drift"); err != nil {
-		t.Fatal(err)
-	}
-	// Someone replaces the container by hand: same name, no labels, no
-	// published port, no volume.
-	name := "pgwake-" + h.instance + "-drift"
-	for _, args := range [][]string{
-		{"rm", "-f", name},
-		{"create", "--name", name, "-e", "POSTGRES_PASSWORD=other", h.image},
-	} {
-		if out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput(); err != nil {
-			t.Fatalf("docker %v: %v\n%s", args, err, out)
+	forEachBackend(t, func(t *testing.T, k kit) {
+		if k.name() != "docker" {
+			t.Skip("containers only exist on the docker backend")
 		}
-	}
-	conn = h.connect(ctx, spec)
-	var v int
-	if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	if v != 7 {
-		t.Fatalf("got %d", v)
-	}
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("drift", backend.SleepStop, 0)
+		ctx := t.Context()
+		conn := h.connect(ctx, spec)
+		if _, err := conn.Exec(ctx, "create table keep(v int); insert into keep values (7)"); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
+		h.waitFor("drift", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+		if err := h.srv.Sleep(ctx, "drift"); err != nil {
+			t.Fatal(err)
+		}
+		// Someone replaces the container by hand: same name, no labels, no
+		// published port, no volume.
+		name := containerName(h, "drift")
+		dockerCLI(t, "rm", "-f", name)
+		dockerCLI(t, "create", "--name", name, "-e", "POSTGRES_PASSWORD=other", h.image)
+		conn = h.connect(ctx, spec)
+		var v int
+		if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != 7 {
+			t.Fatalf("got %d", v)
+		}
+	})
 }
