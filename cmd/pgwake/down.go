@@ -14,19 +14,25 @@ import (
 
 func newDownCommand(d *deps) *cobra.Command {
 	var timeout time.Duration
+	var volumes bool
 	cmd := &cobra.Command{
 		Use:   "down",
 		Short: "Stop pgwake, putting every project to sleep cleanly",
-		Args:  exactArgs(0, "no arguments"),
+		Long: `Stop pgwake: drain open connections, put every project to sleep with a
+fast shutdown, remove ephemeral projects with their data, and exit.
+With --volumes every project is removed with its data: everything pgwake
+created, and nothing else.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDown(cmd.Context(), d, timeout)
+			return runDown(cmd.Context(), d, timeout, volumes)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for pgwake to stop")
+	cmd.Flags().BoolVar(&volumes, "volumes", false, "remove every project and its data")
 	return cmd
 }
 
-func runDown(ctx context.Context, d *deps, timeout time.Duration) error {
+func runDown(ctx context.Context, d *deps, timeout time.Duration, volumes bool) error {
 	cl := d.client()
 	info, err := cl.Info(ctx)
 	if errors.Is(err, admin.ErrNotRunning) {
@@ -36,7 +42,7 @@ func runDown(ctx context.Context, d *deps, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if err := cl.Shutdown(ctx); err != nil {
+	if err := cl.Shutdown(ctx, volumes); err != nil {
 		return err
 	}
 	fmt.Fprintf(d.stderr, "stopping pgwake (pid %d): draining connections and putting projects to sleep\n", info.PID)

@@ -75,6 +75,7 @@ sees nothing but a slower first connect.
 		newRmCommand(d),
 		newLsCommand(d),
 		newURLCommand(d),
+		newEnvCommand(d),
 		newPsqlCommand(d),
 		newWakeCommand(d),
 		newSleepCommand(d),

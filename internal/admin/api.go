@@ -45,6 +45,7 @@ type Project struct {
 	User         string    `json:"user"`
 	Database     string    `json:"database"`
 	CreatedAt    time.Time `json:"created_at"`
+	Ephemeral    bool      `json:"ephemeral"`
 }
 
 // CreateRequest creates a project. Empty fields take the daemon's defaults.
@@ -53,6 +54,7 @@ type CreateRequest struct {
 	Image      string `json:"image,omitempty"`
 	SleepAfter string `json:"sleep_after,omitempty"` // a Go duration, "0" never sleeps
 	SleepMode  string `json:"sleep_mode,omitempty"`
+	Ephemeral  *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
 }
 
 // Errors a Service returns for the API to map to HTTP statuses.
@@ -61,6 +63,21 @@ var (
 	ErrConflict = errors.New("conflict")
 	ErrInvalid  = errors.New("invalid request")
 )
+
+// kindError tags err with one of the kinds above without changing its
+// message (errors.Join would add the kind's text on a line of its own).
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
+
+// Invalid, NotFound and Conflict tag an error for the HTTP status it maps to.
+func Invalid(err error) error  { return &kindError{ErrInvalid, err} }
+func NotFound(err error) error { return &kindError{ErrNotFound, err} }
+func Conflict(err error) error { return &kindError{ErrConflict, err} }
 
 // Service is what the daemon provides to the API.
 type Service interface {
@@ -73,6 +90,7 @@ type Service interface {
 	Sleep(ctx context.Context, name string) error
 	Pin(name string, pinned bool) error
 	Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error)
-	// Shutdown asks the daemon to stop; it returns at once.
-	Shutdown()
+	// Shutdown asks the daemon to stop; it returns at once. With volumes
+	// every project is removed with its data; otherwise only ephemeral ones.
+	Shutdown(volumes bool)
 }

@@ -150,7 +150,8 @@ func (c *Client) Logs(ctx context.Context, name string, follow bool, tail int) (
 	return resp.Body, nil
 }
 
-// Shutdown asks the daemon to stop.
-func (c *Client) Shutdown(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, APIPrefix+"/shutdown", nil, nil)
+// Shutdown asks the daemon to stop; with volumes it removes every project
+// and its data first.
+func (c *Client) Shutdown(ctx context.Context, volumes bool) error {
+	return c.do(ctx, http.MethodPost, APIPrefix+"/shutdown?volumes="+strconv.FormatBool(volumes), nil, nil)
 }

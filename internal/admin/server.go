@@ -25,7 +25,7 @@ func Handler(svc Service) http.Handler {
 		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
-			writeError(w, errors.Join(ErrInvalid, err))
+			writeError(w, Invalid(err))
 			return
 		}
 		p, err := svc.Create(r.Context(), req)
@@ -89,7 +89,7 @@ func Handler(svc Service) http.Handler {
 	})
 	mux.HandleFunc("POST "+APIPrefix+"/shutdown", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
-		svc.Shutdown()
+		svc.Shutdown(r.URL.Query().Get("volumes") == "true")
 	})
 	return mux
 }

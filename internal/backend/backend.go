@@ -103,3 +103,17 @@ type Watcher interface {
 
 // ErrNotFound is returned for a project the backend has no server for.
 var ErrNotFound = errors.New("server not found")
+
+// PauseSupporter is implemented by backends that may be unable to pause a
+// server; a backend without it pauses.
+type PauseSupporter interface {
+	SupportsPause() bool
+}
+
+// CanPause reports whether b can put servers to sleep with SleepPause.
+func CanPause(b Backend) bool {
+	if ps, ok := b.(PauseSupporter); ok {
+		return ps.SupportsPause()
+	}
+	return true
+}

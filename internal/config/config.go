@@ -43,7 +43,9 @@ type Config struct {
 	Listen                string        `yaml:"listen" usage:"address the Postgres proxy listens on"`
 	StateDir              string        `yaml:"state_dir" usage:"directory for projects, passwords, the admin socket and logs"`
 	AdminSocket           string        `yaml:"admin_socket" usage:"admin API unix socket (default <state_dir>/pgwake.sock)"`
+	Backend               string        `yaml:"backend" usage:"where project servers run: auto, docker or local"`
 	DockerHost            string        `yaml:"docker_host" usage:"Docker engine address (default DOCKER_HOST or the platform socket)"`
+	PGBin                 string        `yaml:"pg_bin" usage:"local backend: directory with postgres, initdb and pg_ctl (default: found on PATH, pg_config, /usr/lib/postgresql/N/bin)"`
 	Image                 string        `yaml:"image" usage:"default Postgres image for new projects"`
 	SleepAfter            time.Duration `yaml:"sleep_after" usage:"default idle time before a project sleeps (0 = never)"`
 	SleepMode             string        `yaml:"sleep_mode" usage:"default sleep mode for new projects: stop or pause"`
@@ -55,12 +57,28 @@ type Config struct {
 	MaxProjectConnections int           `yaml:"max_project_connections" usage:"connection cap per project"`
 	LogLevel              string        `yaml:"log_level" usage:"debug, info, warn or error"`
 	LogFormat             string        `yaml:"log_format" usage:"text or json"`
+	Ephemeral             bool          `yaml:"ephemeral" usage:"new projects are ephemeral: removed with their data on down"`
+
+	// Projects declares projects that `pgwake up` creates when missing. It
+	// is a list, so it lives in pgwake.yaml only (no variable or flag).
+	Projects []ProjectConfig `yaml:"projects" key:"-"`
+}
+
+// ProjectConfig declares one project in pgwake.yaml. Empty fields take the
+// top-level defaults.
+type ProjectConfig struct {
+	Name       string        `yaml:"name"`
+	Image      string        `yaml:"image"`
+	SleepAfter time.Duration `yaml:"sleep_after"`
+	SleepMode  string        `yaml:"sleep_mode"`
+	Ephemeral  bool          `yaml:"ephemeral"`
 }
 
 // Default returns the built-in defaults.
 func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:6432",
+		Backend:               "auto",
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
@@ -91,6 +109,9 @@ func Keys() []Key {
 	keys := make([]Key, 0, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
+		if f.Tag.Get("key") == "-" {
+			continue
+		}
 		name := f.Tag.Get("yaml")
 		keys = append(keys, Key{
 			Name:  name,
@@ -128,6 +149,12 @@ func (c *Config) Set(key, value string) error {
 			return fmt.Errorf("%s: %q is not a whole number", key, value)
 		}
 		f.SetInt(int64(n))
+	case bool:
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not true or false", key, value)
+		}
+		f.SetBool(b)
 	case time.Duration:
 		d, err := time.ParseDuration(value)
 		if err != nil {
@@ -157,7 +184,12 @@ func BindFlags(fs *pflag.FlagSet, only ...string) {
 		if fs.Lookup(k.Flag) != nil {
 			continue
 		}
-		fs.String(k.Flag, def.Get(k.Name), k.Usage+" (env "+k.Env+")")
+		usage := k.Usage + " (env " + k.Env + ")"
+		if v, ok := reflect.ValueOf(def).Field(k.index).Interface().(bool); ok {
+			fs.Bool(k.Flag, v, usage)
+			continue
+		}
+		fs.String(k.Flag, def.Get(k.Name), usage)
 	}
 }
 
@@ -278,6 +310,13 @@ func (c *Config) Validate() error {
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("state_dir must be set"))
 	}
+	switch c.Backend {
+	case "auto", "docker", "local":
+	case "kubernetes":
+		errs = append(errs, errors.New("backend: kubernetes is not supported yet; use auto, docker or local"))
+	default:
+		errs = append(errs, fmt.Errorf("backend: %q is not auto, docker or local", c.Backend))
+	}
 	if c.Image == "" {
 		errs = append(errs, errors.New("image must be set"))
 	}
@@ -297,6 +336,24 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxConnections < 1 || c.MaxProjectConnections < 1 {
 		errs = append(errs, errors.New("max_connections and max_project_connections must be at least 1"))
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Projects {
+		switch {
+		case p.Name == "":
+			errs = append(errs, fmt.Errorf("projects[%d]: name is required", i))
+		case seen[p.Name]:
+			errs = append(errs, fmt.Errorf("projects: %q is declared twice", p.Name))
+		}
+		seen[p.Name] = true
+		if p.SleepMode != "" {
+			if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
+				errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_mode: %w", i, p.Name, err))
+			}
+		}
+		if p.SleepAfter < 0 {
+			errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_after must not be negative", i, p.Name))
+		}
 	}
 	if _, err := c.SlogLevel(); err != nil {
 		errs = append(errs, err)

@@ -18,7 +18,6 @@ import (
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/config"
-	"github.com/pgwake/pgwake/internal/dockerbackend"
 	"github.com/pgwake/pgwake/internal/proxy"
 	"github.com/pgwake/pgwake/internal/state"
 	"github.com/pgwake/pgwake/internal/version"
@@ -33,20 +32,16 @@ type Daemon struct {
 	srv   *proxy.Server
 	ln    net.Listener
 
-	shutdownOnce sync.Once
-	shutdownCh   chan struct{}
+	shutdownOnce    sync.Once
+	shutdownCh      chan struct{}
+	shutdownVolumes bool // written before shutdownCh is closed
 }
 
 // ErrAlreadyRunning is returned when another daemon owns the admin socket.
 var ErrAlreadyRunning = errors.New("pgwake is already running")
 
-// NewBackend connects the configured backend. Tests replace it.
-type NewBackend func(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error)
-
-// DockerBackend is the default NewBackend.
-func DockerBackend(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error) {
-	return dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
-}
+// NewBackend connects a backend; tests may replace SelectBackend with it.
+type NewBackend func(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, string, error)
 
 // Options are Run's inputs beyond the config.
 type Options struct {
@@ -63,7 +58,7 @@ type Options struct {
 // sleep.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) error {
 	if opts.NewBackend == nil {
-		opts.NewBackend = DockerBackend
+		opts.NewBackend = SelectBackend
 	}
 	log.Info("starting pgwake", append([]any{"version", version.Version}, cfg.LogAttrs()...)...)
 
@@ -76,11 +71,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return fmt.Errorf("%w (admin socket %s)", ErrAlreadyRunning, sock)
 	}
 
-	be, err := opts.NewBackend(ctx, cfg, store.Instance(), log)
+	be, reason, err := opts.NewBackend(ctx, cfg, store.Instance(), log)
 	if err != nil {
 		return err
 	}
 	defer be.Close()
+	log.Info("backend selected", "backend", be.Name(), "why", reason)
 
 	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{})}
 	d.srv, err = proxy.New(proxy.Options{
@@ -131,6 +127,10 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- d.srv.Serve(serveCtx, d.ln) }()
 
+	if err := d.createDeclared(ctx); err != nil {
+		log.Error("creating declared projects", "err", err)
+		d.Shutdown(false)
+	}
 	log.Info("pgwake is serving", "listen", d.ln.Addr().String(), "admin", sock,
 		"backend", be.Name(), "projects", len(store.Projects()))
 	if opts.Ready != nil {
@@ -148,6 +148,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	err = d.srv.Shutdown(dctx)
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer rcancel()
+	if rerr := d.removeOnShutdown(rctx, d.shutdownVolumes); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	_ = hs.Shutdown(sctx)
@@ -197,7 +202,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out := admin.Project{
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
 		Pinned: p.Pinned, URL: d.URL(p), User: p.User, Database: p.Database, CreatedAt: p.CreatedAt,
-		State: string(proxy.StateSleeping),
+		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral,
 	}
 	st, err := d.srv.ProjectStatus(p.Name)
 	if err != nil {
@@ -234,9 +239,9 @@ func (d *Daemon) Project(name string) (admin.Project, error) {
 func apiErr(err error) error {
 	switch {
 	case errors.Is(err, state.ErrNotFound), errors.Is(err, proxy.ErrNoProject):
-		return errors.Join(admin.ErrNotFound, err)
+		return admin.NotFound(err)
 	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists):
-		return errors.Join(admin.ErrConflict, err)
+		return admin.Conflict(err)
 	}
 	return err
 }
@@ -246,11 +251,14 @@ func apiErr(err error) error {
 // it with the proxy.
 func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Project, error) {
 	if err := state.ValidateName(req.Name); err != nil {
-		return admin.Project{}, errors.Join(admin.ErrInvalid, err)
+		return admin.Project{}, admin.Invalid(err)
 	}
 	p := state.Project{
 		Name: req.Name, Image: req.Image, User: "postgres", Database: req.Name,
-		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode,
+		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode, Ephemeral: d.cfg.Ephemeral,
+	}
+	if req.Ephemeral != nil {
+		p.Ephemeral = *req.Ephemeral
 	}
 	if p.Image == "" {
 		p.Image = d.cfg.Image
@@ -259,12 +267,15 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		p.SleepMode = d.cfg.SleepMode
 	}
 	if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
-		return admin.Project{}, errors.Join(admin.ErrInvalid, err)
+		return admin.Project{}, admin.Invalid(err)
+	}
+	if backend.SleepMode(p.SleepMode) == backend.SleepPause && !backend.CanPause(d.be) {
+		return admin.Project{}, admin.Invalid(fmt.Errorf("the %s backend cannot pause servers; use --sleep-mode stop", d.be.Name()))
 	}
 	if req.SleepAfter != "" {
 		dur, err := time.ParseDuration(req.SleepAfter)
 		if err != nil || dur < 0 {
-			return admin.Project{}, errors.Join(admin.ErrInvalid, fmt.Errorf("sleep_after: %q is not a duration like 10m", req.SleepAfter))
+			return admin.Project{}, admin.Invalid(fmt.Errorf("sleep_after: %q is not a duration like 10m", req.SleepAfter))
 		}
 		p.SleepAfter = dur
 	}
@@ -312,7 +323,7 @@ func (d *Daemon) Wake(ctx context.Context, name string) error { return apiErr(d.
 func (d *Daemon) Sleep(ctx context.Context, name string) error {
 	err := d.srv.Sleep(ctx, name)
 	if err != nil && !errors.Is(err, proxy.ErrNoProject) {
-		return errors.Join(admin.ErrConflict, err)
+		return admin.Conflict(err)
 	}
 	return apiErr(err)
 }
@@ -339,6 +350,51 @@ func (d *Daemon) Logs(ctx context.Context, name string, follow bool, tail int) (
 }
 
 // Shutdown implements admin.Service.
-func (d *Daemon) Shutdown() {
-	d.shutdownOnce.Do(func() { close(d.shutdownCh) })
+func (d *Daemon) Shutdown(volumes bool) {
+	d.shutdownOnce.Do(func() {
+		d.shutdownVolumes = volumes
+		close(d.shutdownCh)
+	})
+}
+
+// removeOnShutdown removes ephemeral projects, or all with volumes, data
+// included. Only what pgwake created is touched: its own projects.
+func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
+	var errs []error
+	for _, p := range d.store.Projects() {
+		if !all && !p.Ephemeral {
+			continue
+		}
+		if err := d.be.Remove(ctx, spec(p), true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.store.Remove(p.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.log.Info("project removed with its data", "project", p.Name, "ephemeral", p.Ephemeral)
+	}
+	return errors.Join(errs...)
+}
+
+// createDeclared creates the projects pgwake.yaml declares that do not
+// exist yet.
+func (d *Daemon) createDeclared(ctx context.Context) error {
+	for _, pc := range d.cfg.Projects {
+		if _, err := d.store.Get(pc.Name); err == nil {
+			continue
+		}
+		req := admin.CreateRequest{Name: pc.Name, Image: pc.Image, SleepMode: pc.SleepMode}
+		if pc.SleepAfter > 0 {
+			req.SleepAfter = pc.SleepAfter.String()
+		}
+		if pc.Ephemeral {
+			req.Ephemeral = &pc.Ephemeral
+		}
+		if _, err := d.Create(ctx, req); err != nil {
+			return fmt.Errorf("declared project %q: %w", pc.Name, err)
+		}
+	}
+	return nil
 }

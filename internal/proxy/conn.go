@@ -311,8 +311,14 @@ func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) 
 	}
 	var lastErr error
 	for {
-		up, _, retry, err := s.tryUpstream(ctx, addr, packet)
+		up, first, retry, err := s.tryUpstream(ctx, addr, packet)
 		if err == nil {
+			// Read the rest of the reply before closing: closing with
+			// unread input resets the connection, and Postgres logs that.
+			if h := pgwire.ReplyHeader(first[:5]); h.BodyLen() > 0 && h.BodyLen() < 1<<16 && len(first) == 5 {
+				_ = up.SetReadDeadline(time.Now().Add(time.Second))
+				_, _ = io.CopyN(io.Discard, up, int64(h.BodyLen()))
+			}
 			up.Close()
 			return nil
 		}

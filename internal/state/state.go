@@ -26,7 +26,9 @@ type Project struct {
 	SleepAfter time.Duration `json:"sleep_after"`
 	SleepMode  string        `json:"sleep_mode"`
 	Pinned     bool          `json:"pinned,omitempty"`
-	CreatedAt  time.Time     `json:"created_at"`
+	// Ephemeral projects are removed, data and all, when pgwake goes down.
+	Ephemeral bool      `json:"ephemeral,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 type file struct {
