@@ -81,6 +81,7 @@ sees nothing but a slower first connect.
 		newSleepCommand(d),
 		newLogsCommand(d),
 		newVersionCommand(d),
+		newGenDocsCommand(d),
 	)
 	return root
 }
