@@ -23,29 +23,46 @@ type Info struct {
 
 // Project is one project as the API shows it. Durations are milliseconds.
 type Project struct {
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Active       int       `json:"active"`
-	Pinned       bool      `json:"pinned"`
-	Image        string    `json:"image"`
-	SleepAfterMS int64     `json:"sleep_after_ms"`
-	SleepMode    string    `json:"sleep_mode"`
-	Wakes        int       `json:"wakes"`
-	WakeFailures int       `json:"wake_failures"`
-	LastWakeMS   float64   `json:"last_wake_ms"`
-	P50WakeMS    float64   `json:"p50_wake_ms"`
-	P95WakeMS    float64   `json:"p95_wake_ms"`
-	MaxWakeMS    float64   `json:"max_wake_ms"`
-	LastError    string    `json:"last_error,omitempty"`
-	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
-	RetryAt      time.Time `json:"retry_at,omitzero"`
-	IdleMS       int64     `json:"idle_ms"`
-	SleepsInMS   int64     `json:"sleeps_in_ms"`
-	URL          string    `json:"url"`
-	User         string    `json:"user"`
-	Database     string    `json:"database"`
-	CreatedAt    time.Time `json:"created_at"`
-	Ephemeral    bool      `json:"ephemeral"`
+	Name          string    `json:"name"`
+	State         string    `json:"state"`
+	Active        int       `json:"active"` // open connections, queued ones included
+	Queued        int       `json:"queued"` // parked, waiting for a wake
+	Pinned        bool      `json:"pinned"`
+	Image         string    `json:"image"`
+	SleepAfterMS  int64     `json:"sleep_after_ms"`
+	SleepMode     string    `json:"sleep_mode"`
+	Wakes         int       `json:"wakes"`
+	WakeFailures  int       `json:"wake_failures"`
+	LastWakeMS    float64   `json:"last_wake_ms"`
+	P50WakeMS     float64   `json:"p50_wake_ms"`
+	P95WakeMS     float64   `json:"p95_wake_ms"`
+	MaxWakeMS     float64   `json:"max_wake_ms"`
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorAt   time.Time `json:"last_error_at,omitzero"`
+	RetryAt       time.Time `json:"retry_at,omitzero"`
+	IdleMS        int64     `json:"idle_ms"`
+	SleepsInMS    int64     `json:"sleeps_in_ms"`
+	URL           string    `json:"url"`
+	User          string    `json:"user"`
+	Database      string    `json:"database"`
+	CreatedAt     time.Time `json:"created_at"`
+	Ephemeral     bool      `json:"ephemeral"`
+	Backend       string    `json:"backend"`
+	RecentWakesMS []float64 `json:"recent_wakes_ms"` // oldest first
+	Events        []Event   `json:"events"`          // recent history, oldest first
+}
+
+// Event is one entry of a project's recent history.
+type Event struct {
+	At  time.Time `json:"at"`
+	Msg string    `json:"msg"`
+}
+
+// StreamEvent is one message of the /v1/events stream: a project's new
+// snapshot, or its removal.
+type StreamEvent struct {
+	Type    string  `json:"type"` // "project" or "removed"
+	Project Project `json:"project"`
 }
 
 // CreateRequest creates a project. Empty fields take the daemon's defaults.
@@ -90,6 +107,13 @@ type Service interface {
 	Sleep(ctx context.Context, name string) error
 	Pin(name string, pinned bool) error
 	Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error)
+	// Subscribe streams project changes until ctx ends: first the current
+	// snapshot of every project, then each change. The channel closes when
+	// ctx ends.
+	Subscribe(ctx context.Context) <-chan StreamEvent
+	// Ready reports whether the daemon can serve: listening and its
+	// backend reachable. It never wakes a project.
+	Ready(ctx context.Context) error
 	// Shutdown asks the daemon to stop; it returns at once. With volumes
 	// every project is removed with its data; otherwise only ephemeral ones.
 	Shutdown(volumes bool)

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -154,4 +155,40 @@ func (c *Client) Logs(ctx context.Context, name string, follow bool, tail int) (
 // and its data first.
 func (c *Client) Shutdown(ctx context.Context, volumes bool) error {
 	return c.do(ctx, http.MethodPost, APIPrefix+"/shutdown?volumes="+strconv.FormatBool(volumes), nil, nil)
+}
+
+// Events subscribes to the daemon's event stream. The channel closes when
+// ctx ends or the stream breaks (the daemon went away); the caller may
+// subscribe again.
+func (c *Client) Events(ctx context.Context) (<-chan StreamEvent, error) {
+	resp, err := c.send(ctx, http.MethodGet, APIPrefix+"/events", nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan StreamEvent, 16)
+	go func() {
+		defer close(out)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		var typ string
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				typ = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				ev := StreamEvent{Type: typ}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev.Project); err != nil {
+					return
+				}
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
 }

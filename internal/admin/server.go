@@ -1,11 +1,14 @@
 package admin
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Handler serves the admin API for svc.
@@ -13,6 +16,16 @@ func Handler(svc Service) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := svc.Ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET "+APIPrefix+"/events", func(w http.ResponseWriter, r *http.Request) {
+		serveEvents(w, r, svc)
 	})
 	mux.HandleFunc("GET "+APIPrefix+"/info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, svc.Info())
@@ -94,6 +107,49 @@ func Handler(svc Service) http.Handler {
 	return mux
 }
 
+// keepalive is how often an idle event stream gets a comment line, so
+// proxies and clients notice a dead connection.
+const keepalive = 15 * time.Second
+
+// serveEvents streams server-sent events: "event: project" with a
+// Project's JSON, or "event: removed".
+func serveEvents(w http.ResponseWriter, r *http.Request, svc Service) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl.Flush()
+	events := svc.Subscribe(r.Context())
+	tick := time.NewTicker(keepalive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+			if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
+				return
+			}
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			data, err := json.Marshal(ev.Project)
+			if err != nil {
+				return
+			}
+			if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, data); err != nil {
+				return
+			}
+		}
+		fl.Flush()
+	}
+}
+
 type flushWriter struct{ w http.ResponseWriter }
 
 func (f flushWriter) Write(p []byte) (int, error) {
@@ -131,4 +187,22 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// RequireToken guards h with a bearer token; an empty token lets every
+// request through (loopback only: config refuses it beyond). /healthz stays
+// open for probes.
+func RequireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "missing or wrong bearer token"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

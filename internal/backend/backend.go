@@ -117,3 +117,10 @@ func CanPause(b Backend) bool {
 	}
 	return true
 }
+
+// Checker is implemented by backends that can tell whether they can serve
+// right now (the engine answers, the binaries exist), without touching any
+// project.
+type Checker interface {
+	Check(ctx context.Context) error
+}

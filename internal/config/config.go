@@ -43,6 +43,8 @@ type Config struct {
 	Listen                string        `yaml:"listen" usage:"address the Postgres proxy listens on"`
 	StateDir              string        `yaml:"state_dir" usage:"directory for projects, passwords, the admin socket and logs"`
 	AdminSocket           string        `yaml:"admin_socket" usage:"admin API unix socket (default <state_dir>/pgwake.sock)"`
+	AdminListen           string        `yaml:"admin_listen" usage:"also serve the admin API and /metrics on this TCP address (empty: socket only)"`
+	AdminToken            string        `yaml:"admin_token" usage:"bearer token the TCP admin API requires; mandatory beyond loopback"`
 	Backend               string        `yaml:"backend" usage:"where project servers run: auto, docker or local"`
 	DockerHost            string        `yaml:"docker_host" usage:"Docker engine address (default DOCKER_HOST or the platform socket)"`
 	PGBin                 string        `yaml:"pg_bin" usage:"local backend: directory with postgres, initdb and pg_ctl (default: found on PATH, pg_config, /usr/lib/postgresql/N/bin)"`
@@ -306,6 +308,16 @@ func (c *Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen: %q is not host:port", c.Listen))
+	}
+	if c.AdminListen != "" {
+		host, _, err := net.SplitHostPort(c.AdminListen)
+		ip := net.ParseIP(host)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("admin_listen: %q is not host:port", c.AdminListen))
+		case c.AdminToken == "" && !(host == "localhost" || (ip != nil && ip.IsLoopback())):
+			errs = append(errs, fmt.Errorf("admin_listen %s is reachable from other machines: set admin_token", c.AdminListen))
+		}
 	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("state_dir must be set"))

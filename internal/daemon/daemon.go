@@ -18,6 +18,7 @@ import (
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/config"
+	"github.com/pgwake/pgwake/internal/metrics"
 	"github.com/pgwake/pgwake/internal/proxy"
 	"github.com/pgwake/pgwake/internal/state"
 	"github.com/pgwake/pgwake/internal/version"
@@ -31,6 +32,9 @@ type Daemon struct {
 	be    backend.Backend
 	srv   *proxy.Server
 	ln    net.Listener
+
+	hub     *hub
+	metrics *metrics.Metrics
 
 	shutdownOnce    sync.Once
 	shutdownCh      chan struct{}
@@ -78,8 +82,16 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	defer be.Close()
 	log.Info("backend selected", "backend", be.Name(), "why", reason)
 
-	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{}), hub: newHub()}
+	d.metrics = metrics.New(d.Projects)
 	d.srv, err = proxy.New(proxy.Options{
+		OnChange:   d.hub.changed,
+		OnWake:     d.metrics.ObserveWake,
+		OnConnDone: d.metrics.ConnDone,
+		OnRefused: func(project, code string) {
+			_, err := d.store.Get(project)
+			d.metrics.Refused(project, code, err == nil)
+		},
 		Backend:         be,
 		Logger:          log,
 		WakeTimeout:     cfg.WakeTimeout,
@@ -120,8 +132,21 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return fmt.Errorf("admin socket: %w", err)
 	}
 	defer os.Remove(sock)
-	hs := &http.Server{Handler: admin.Handler(d), ReadHeaderTimeout: 10 * time.Second}
+	handler := d.handler()
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go hs.Serve(aln)
+	if cfg.AdminListen != "" {
+		tln, err := net.Listen("tcp", cfg.AdminListen)
+		if err != nil {
+			aln.Close()
+			d.ln.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		ths := &http.Server{Handler: admin.RequireToken(cfg.AdminToken, handler), ReadHeaderTimeout: 10 * time.Second}
+		go ths.Serve(tln)
+		defer ths.Close()
+		log.Info("admin API and metrics on TCP", "addr", tln.Addr().String(), "token_required", cfg.AdminToken != "")
+	}
 
 	serveCtx, stopServing := context.WithCancel(context.Background())
 	serveDone := make(chan error, 1)
@@ -174,6 +199,24 @@ func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	}
 }
 
+// handler is the admin API plus /metrics.
+func (d *Daemon) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.metrics.Handler())
+	mux.Handle("/", admin.Handler(d))
+	return mux
+}
+
+// Ready implements admin.Service: listening, and the backend answers.
+func (d *Daemon) Ready(ctx context.Context) error {
+	if c, ok := d.be.(backend.Checker); ok {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return c.Check(ctx)
+	}
+	return nil
+}
+
 // Info implements admin.Service.
 func (d *Daemon) Info() admin.Info {
 	return admin.Info{
@@ -202,7 +245,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out := admin.Project{
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
 		Pinned: p.Pinned, URL: d.URL(p), User: p.User, Database: p.Database, CreatedAt: p.CreatedAt,
-		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral,
+		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: d.be.Name(),
 	}
 	st, err := d.srv.ProjectStatus(p.Name)
 	if err != nil {
@@ -214,6 +257,16 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.LastWakeMS, out.P50WakeMS, out.P95WakeMS, out.MaxWakeMS = ms(st.LastWake), ms(st.P50Wake), ms(st.P95Wake), ms(st.MaxWake)
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
+	out.Queued = st.Queued
+	for _, l := range st.Recent {
+		out.RecentWakesMS = append(out.RecentWakesMS, ms(l))
+	}
+	for _, e := range st.Events {
+		out.Events = append(out.Events, admin.Event{At: e.At, Msg: e.Msg})
+	}
+	if out.State == string(proxy.StateSleeping) && !st.RetryAt.IsZero() {
+		out.State = "error" // backing off after failed wakes
+	}
 	return out
 }
 
@@ -304,6 +357,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err := d.srv.RemoveProject(name); err != nil && !errors.Is(err, proxy.ErrNoProject) {
 		return err
 	}
+	defer d.hub.changed(name)
 	if err := d.be.Remove(ctx, spec(p), volumes); err != nil {
 		// Put it back so the user can retry; the data is untouched.
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))

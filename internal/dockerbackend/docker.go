@@ -470,3 +470,11 @@ func (b *Backend) watchOnce(ctx context.Context, out chan<- backend.Event) error
 		}
 	}
 }
+
+// Check implements backend.Checker: the engine answers a ping.
+func (b *Backend) Check(ctx context.Context) error {
+	if _, err := b.cli.Ping(ctx, client.PingOptions{}); err != nil {
+		return fmt.Errorf("%w: %v", ErrEngineUnreachable, err)
+	}
+	return nil
+}

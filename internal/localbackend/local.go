@@ -486,3 +486,11 @@ func seekTail(f *os.File, n int) error {
 	_, err = f.Seek(0, io.SeekStart)
 	return err
 }
+
+// Check implements backend.Checker: the binaries are still there.
+func (b *Backend) Check(context.Context) error {
+	if !hasBinaries(b.bin) {
+		return fmt.Errorf("%w in %s", ErrNoBinaries, b.bin)
+	}
+	return nil
+}

@@ -123,7 +123,10 @@ func (c *clientConn) serve(ctx context.Context) {
 	if _, err := c.conn.Write(first); err != nil {
 		return
 	}
-	pipe(c)
+	in, out := pipe(c)
+	if s.opts.OnConnDone != nil {
+		s.opts.OnConnDone(dbname, in, out+int64(len(first)))
+	}
 }
 
 func (s *Server) isClosing() bool {
@@ -334,24 +337,28 @@ func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) 
 	}
 }
 
-// pipe copies bytes both ways until either side closes, then closes both.
-// Both ends are *net.TCPConn, so io.Copy splices on Linux.
-func pipe(c *clientConn) {
+// pipe copies bytes both ways until either side closes, then closes both,
+// and returns the bytes each way. Both ends are *net.TCPConn, so io.Copy
+// splices on Linux.
+func pipe(c *clientConn) (fromClient, toClient int64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		copyClientToServer(c)
+		fromClient = copyClientToServer(c)
 	}()
-	copyServerToClient(c)
+	toClient = copyServerToClient(c)
 	c.close()
 	<-done
+	return fromClient, toClient
 }
 
-func copyClientToServer(c *clientConn) {
-	_, _ = io.Copy(c.upstream, c.conn)
+func copyClientToServer(c *clientConn) int64 {
+	n, _ := io.Copy(c.upstream, c.conn)
 	c.close()
+	return n
 }
 
-func copyServerToClient(c *clientConn) {
-	_, _ = io.Copy(c.conn, c.upstream)
+func copyServerToClient(c *clientConn) int64 {
+	n, _ := io.Copy(c.conn, c.upstream)
+	return n
 }

@@ -46,6 +46,7 @@ type project struct {
 	state      State
 	addr       string
 	active     int // connections holding a slot: parked or piping
+	queued     int // of those, parked waiting for a wake or a sleep to end
 	wake       *wakeCall
 	stopDone   chan struct{} // closed when an in-flight sleep ends
 	lastActive time.Time
@@ -57,7 +58,25 @@ type project struct {
 	wakes      int
 	wakeFails  int
 	latencies  []time.Duration // recent cold starts, oldest first
+	events     []Event         // recent state changes, oldest first
 	removed    bool
+}
+
+// Event is one entry of a project's recent history, for the TUI.
+type Event struct {
+	At  time.Time `json:"at"`
+	Msg string    `json:"msg"`
+}
+
+// maxEvents bounds the history kept per project.
+const maxEvents = 20
+
+// recordLocked appends to the project's history; p.mu must be held.
+func (p *project) recordLocked(format string, args ...any) {
+	p.events = append(p.events, Event{At: p.srv.now(), Msg: fmt.Sprintf(format, args...)})
+	if len(p.events) > maxEvents {
+		p.events = p.events[len(p.events)-maxEvents:]
+	}
 }
 
 // maxLatencies bounds the cold-start history kept per project.
@@ -124,13 +143,13 @@ func (p *project) awake(ctx context.Context) (string, error) {
 			return addr, nil
 		case StateStopping:
 			ch := p.stopDone
+			p.queued++
 			p.mu.Unlock()
-			select {
-			case <-ch:
-				continue // it is asleep now; wake it again
-			case <-ctx.Done():
-				return "", ctx.Err()
+			err := p.park(ctx, ch)
+			if err != nil {
+				return "", err
 			}
+			continue // it is asleep now; wake it again
 		case StateSleeping:
 			if now := p.srv.now(); now.Before(p.retryAt) {
 				err := &WakeError{Project: p.cfg.Spec.Name, Err: errors.New(p.lastErr), RetryAt: p.retryAt}
@@ -139,20 +158,36 @@ func (p *project) awake(ctx context.Context) (string, error) {
 			}
 			p.wake = &wakeCall{done: make(chan struct{})}
 			p.state = StateWaking
+			p.recordLocked("waking")
 			go p.runWake(p.wake, p.cfg.Spec)
 		}
 		c := p.wake
+		p.queued++
 		p.mu.Unlock()
-		p.srv.notify(p.cfg.Spec.Name)
-		select {
-		case <-c.done:
-			if c.err != nil {
-				return "", c.err
-			}
-		case <-ctx.Done():
-			return "", ctx.Err()
+		if err := p.park(ctx, c.done); err != nil {
+			return "", err
+		}
+		if c.err != nil {
+			return "", c.err
 		}
 	}
+}
+
+// park waits for done with the connection counted as queued; p.queued was
+// incremented by the caller under the lock.
+func (p *project) park(ctx context.Context, done <-chan struct{}) error {
+	p.srv.notify(p.cfg.Spec.Name)
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	p.mu.Lock()
+	p.queued--
+	p.mu.Unlock()
+	p.srv.notify(p.cfg.Spec.Name)
+	return err
 }
 
 // runWake starts the server and waits until Postgres serves. It runs on a
@@ -175,6 +210,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 		p.wakeFails++
 		p.retryAt = s.now().Add(s.backoff(p.failures))
 		p.lastErr, p.lastErrAt = err.Error(), s.now()
+		p.recordLocked("wake failed after %s: %v", took.Round(time.Millisecond), err)
 		c.err = &WakeError{Project: spec.Name, Err: err}
 	} else {
 		p.state = StateRunning
@@ -184,6 +220,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 		p.wokeAt = s.now()
 		p.lastActive = p.wokeAt
 		p.wakes++
+		p.recordLocked("awake in %s", took.Round(time.Millisecond))
 		p.latencies = append(p.latencies, took)
 		if len(p.latencies) > maxLatencies {
 			p.latencies = p.latencies[1:]
@@ -193,6 +230,9 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	close(c.done)
 	p.mu.Unlock()
 
+	if s.opts.OnWake != nil {
+		s.opts.OnWake(spec.Name, took, err)
+	}
 	if err != nil {
 		s.log.Error("wake failed", "project", spec.Name, "after", took.Round(time.Millisecond), "err", err)
 	} else {
@@ -241,6 +281,7 @@ func (p *project) sleepLocked(mode backend.SleepMode) {
 	done := make(chan struct{})
 	p.state = StateStopping
 	p.stopDone = done
+	p.recordLocked("going to sleep (%s)", mode)
 	p.mu.Unlock()
 	s.notify(spec.Name)
 
@@ -257,6 +298,9 @@ func (p *project) sleepLocked(mode backend.SleepMode) {
 	p.stopDone = nil
 	if err != nil {
 		p.lastErr, p.lastErrAt = err.Error(), s.now()
+		p.recordLocked("sleep (%s) failed: %v", mode, err)
+	} else {
+		p.recordLocked("asleep (%s)", mode)
 	}
 	waiting := p.active
 	p.mu.Unlock()
@@ -290,11 +334,13 @@ func (p *project) observe(st backend.State) {
 	switch {
 	case p.state == StateRunning && status.State != backend.StateRunning:
 		p.state, p.addr = StateSleeping, ""
+		p.recordLocked("server %s outside pgwake", status.State)
 		s.log.Warn("server stopped outside pgwake", "project", spec.Name, "state", status.State)
 	case p.state == StateSleeping && p.wake == nil && status.State == backend.StateRunning && st == backend.StateRunning:
 		// Started by hand: adopt it and let the idle sweep manage it.
 		p.state, p.addr = StateRunning, status.Addr
 		p.lastActive, p.wokeAt = s.now(), s.now()
+		p.recordLocked("server started outside pgwake; adopted")
 		s.log.Info("server started outside pgwake; adopted", "project", spec.Name)
 	default:
 		p.mu.Unlock()
@@ -317,24 +363,27 @@ func (p *project) markDown(addr string) {
 
 // Status is a snapshot of one project, for the admin API and the TUI.
 type Status struct {
-	Name        string        `json:"name"`
-	State       State         `json:"state"`
-	Active      int           `json:"active"`
-	Pinned      bool          `json:"pinned"`
-	SleepAfter  time.Duration `json:"sleep_after"`
-	SleepMode   string        `json:"sleep_mode"`
-	Image       string        `json:"image"`
-	Wakes       int           `json:"wakes"`
-	WakeFails   int           `json:"wake_failures"`
-	LastWake    time.Duration `json:"last_wake"`
-	P50Wake     time.Duration `json:"p50_wake"`
-	P95Wake     time.Duration `json:"p95_wake"`
-	MaxWake     time.Duration `json:"max_wake"`
-	LastError   string        `json:"last_error,omitempty"`
-	LastErrorAt time.Time     `json:"last_error_at,omitzero"`
-	RetryAt     time.Time     `json:"retry_at,omitzero"`
-	IdleFor     time.Duration `json:"idle_for"`
-	SleepsIn    time.Duration `json:"sleeps_in"` // zero when not counting down
+	Name        string          `json:"name"`
+	State       State           `json:"state"`
+	Active      int             `json:"active"` // includes Queued
+	Queued      int             `json:"queued"`
+	Pinned      bool            `json:"pinned"`
+	SleepAfter  time.Duration   `json:"sleep_after"`
+	SleepMode   string          `json:"sleep_mode"`
+	Image       string          `json:"image"`
+	Wakes       int             `json:"wakes"`
+	WakeFails   int             `json:"wake_failures"`
+	LastWake    time.Duration   `json:"last_wake"`
+	P50Wake     time.Duration   `json:"p50_wake"`
+	P95Wake     time.Duration   `json:"p95_wake"`
+	MaxWake     time.Duration   `json:"max_wake"`
+	LastError   string          `json:"last_error,omitempty"`
+	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
+	RetryAt     time.Time       `json:"retry_at,omitzero"`
+	IdleFor     time.Duration   `json:"idle_for"`
+	SleepsIn    time.Duration   `json:"sleeps_in"`    // zero when not counting down
+	Recent      []time.Duration `json:"recent_wakes"` // oldest first
+	Events      []Event         `json:"events"`       // oldest first
 }
 
 func (p *project) status() Status {
@@ -343,10 +392,12 @@ func (p *project) status() Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := Status{
-		Name: p.cfg.Spec.Name, State: p.state, Active: p.active, Pinned: p.cfg.Pinned,
+		Name: p.cfg.Spec.Name, State: p.state, Active: p.active, Queued: p.queued, Pinned: p.cfg.Pinned,
 		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), Image: p.cfg.Spec.Image,
 		Wakes: p.wakes, WakeFails: p.wakeFails,
 		LastError: p.lastErr, LastErrorAt: p.lastErrAt,
+		Recent: append([]time.Duration(nil), p.latencies...),
+		Events: append([]Event(nil), p.events...),
 	}
 	if now.Before(p.retryAt) {
 		st.RetryAt = p.retryAt

@@ -38,9 +38,15 @@ type Options struct {
 	MaxConns        int // all projects together
 	MaxProjectConns int // one project
 
-	// OnChange, if set, is called (without locks held) after a project's
-	// state or counts change.
-	OnChange func(project string)
+	// Hooks, called without locks held; all optional. OnChange follows any
+	// change of a project's state or counts; OnWake every finished wake;
+	// OnConnDone every proxied connection when it closes, with the bytes it
+	// carried (counted by io.Copy, so the splice path stays); OnRefused
+	// every connection refused with an ErrorResponse.
+	OnChange   func(project string)
+	OnWake     func(project string, took time.Duration, err error)
+	OnConnDone func(project string, fromClient, toClient int64)
+	OnRefused  func(project, sqlstate string)
 }
 
 func (o *Options) setDefaults() {
@@ -472,6 +478,9 @@ func (s *Server) acquireTotal() bool {
 
 // writeError sends an ErrorResponse and logs it with the project.
 func (s *Server) refuse(c net.Conn, project, code, msg, hint string) {
+	if s.opts.OnRefused != nil {
+		s.opts.OnRefused(project, code)
+	}
 	s.log.Warn("connection refused", "project", project, "sqlstate", code, "reason", msg, "remote", c.RemoteAddr())
 	_ = c.SetWriteDeadline(s.now().Add(5 * time.Second))
 	if err := pgwire.WriteError(c, code, msg, hint); err != nil {
