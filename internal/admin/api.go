@@ -72,6 +72,7 @@ type CreateRequest struct {
 	SleepAfter string `json:"sleep_after,omitempty"` // a Go duration, "0" never sleeps
 	SleepMode  string `json:"sleep_mode,omitempty"`
 	Ephemeral  *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
+	Port       int    `json:"port,omitempty"`      // a listen port of its own
 }
 
 // Errors a Service returns for the API to map to HTTP statuses.

@@ -60,10 +60,32 @@ type Config struct {
 	LogLevel              string        `yaml:"log_level" usage:"debug, info, warn or error"`
 	LogFormat             string        `yaml:"log_format" usage:"text or json"`
 	Ephemeral             bool          `yaml:"ephemeral" usage:"new projects are ephemeral: removed with their data on down"`
+	TLS                   TLSConfig     `yaml:"tls"`
 
 	// Projects declares projects that `pgwake up` creates when missing. It
 	// is a list, so it lives in pgwake.yaml only (no variable or flag).
 	Projects []ProjectConfig `yaml:"projects" key:"-"`
+}
+
+// TLSConfig is the tls section: client-side TLS of the proxy.
+type TLSConfig struct {
+	Mode string `yaml:"mode" flag:"tls" usage:"client TLS: on, off, or auto (on when listening beyond loopback)"`
+	Cert string `yaml:"cert" usage:"server certificate (PEM); default: a generated local CA's certificate in <state_dir>/tls"`
+	Key  string `yaml:"key" usage:"server private key (PEM) for tls.cert"`
+}
+
+// TLSOn resolves tls.mode: auto turns TLS on whenever the proxy listens
+// beyond loopback.
+func (c *Config) TLSOn() bool {
+	switch c.TLS.Mode {
+	case "on":
+		return true
+	case "off":
+		return false
+	}
+	host, _, _ := net.SplitHostPort(c.Listen)
+	ip := net.ParseIP(host)
+	return !(host == "localhost" || (ip != nil && ip.IsLoopback()))
 }
 
 // ProjectConfig declares one project in pgwake.yaml. Empty fields take the
@@ -81,6 +103,7 @@ func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:6432",
 		Backend:               "auto",
+		TLS:                   TLSConfig{Mode: "auto"},
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
@@ -102,25 +125,39 @@ type Key struct {
 	Env   string // environment variable
 	Flag  string // flag name
 	Usage string
-	index int
+	path  []int
 }
 
-// Keys lists every key in declaration order.
+// Keys lists every key in declaration order. A nested section (tls) gives
+// dotted keys ("tls.mode"), variables with underscores (PGWAKE_TLS_MODE)
+// and dashed flags (--tls-mode), unless a flag tag names the flag.
 func Keys() []Key {
-	t := reflect.TypeFor[Config]()
-	keys := make([]Key, 0, t.NumField())
+	return keysOf(reflect.TypeFor[Config](), "", nil)
+}
+
+func keysOf(t reflect.Type, prefix string, path []int) []Key {
+	var keys []Key
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if f.Tag.Get("key") == "-" {
 			continue
 		}
-		name := f.Tag.Get("yaml")
+		name := prefix + f.Tag.Get("yaml")
+		p := append(append([]int(nil), path...), i)
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]() {
+			keys = append(keys, keysOf(f.Type, name+".", p)...)
+			continue
+		}
+		flag := f.Tag.Get("flag")
+		if flag == "" {
+			flag = strings.NewReplacer("_", "-", ".", "-").Replace(name)
+		}
 		keys = append(keys, Key{
 			Name:  name,
-			Env:   EnvPrefix + strings.ToUpper(name),
-			Flag:  strings.ReplaceAll(name, "_", "-"),
+			Env:   EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, ".", "_")),
+			Flag:  flag,
 			Usage: f.Tag.Get("usage"),
-			index: i,
+			path:  p,
 		})
 	}
 	return keys
@@ -141,7 +178,7 @@ func (c *Config) Set(key, value string) error {
 	if !ok {
 		return fmt.Errorf("unknown config key %q", key)
 	}
-	f := reflect.ValueOf(c).Elem().Field(k.index)
+	f := reflect.ValueOf(c).Elem().FieldByIndex(k.path)
 	switch f.Interface().(type) {
 	case string:
 		f.SetString(value)
@@ -172,7 +209,7 @@ func (c *Config) Set(key, value string) error {
 // Get formats a key's value.
 func (c *Config) Get(key string) string {
 	k, _ := keyByName(key)
-	return fmt.Sprint(reflect.ValueOf(c).Elem().Field(k.index).Interface())
+	return fmt.Sprint(reflect.ValueOf(c).Elem().FieldByIndex(k.path).Interface())
 }
 
 // BindFlags registers one flag per key on fs. Only flags the user sets
@@ -187,7 +224,7 @@ func BindFlags(fs *pflag.FlagSet, only ...string) {
 			continue
 		}
 		usage := k.Usage + " (env " + k.Env + ")"
-		if v, ok := reflect.ValueOf(def).Field(k.index).Interface().(bool); ok {
+		if v, ok := reflect.ValueOf(def).FieldByIndex(k.path).Interface().(bool); ok {
 			fs.Bool(k.Flag, v, usage)
 			continue
 		}
@@ -308,6 +345,14 @@ func (c *Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen: %q is not host:port", c.Listen))
+	}
+	switch c.TLS.Mode {
+	case "on", "off", "auto":
+	default:
+		errs = append(errs, fmt.Errorf("tls.mode: %q is not on, off or auto", c.TLS.Mode))
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		errs = append(errs, errors.New("tls.cert and tls.key go together: set both or neither"))
 	}
 	if c.AdminListen != "" {
 		host, _, err := net.SplitHostPort(c.AdminListen)

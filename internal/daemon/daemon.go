@@ -3,6 +3,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +13,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/certs"
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/metrics"
 	"github.com/pgwake/pgwake/internal/proxy"
@@ -35,6 +38,13 @@ type Daemon struct {
 
 	hub     *hub
 	metrics *metrics.Metrics
+	tls     *tls.Config
+
+	// serveCtx ends when the daemon stops serving; per-project listeners
+	// (port routing) run on it.
+	serveCtx context.Context
+	portMu   sync.Mutex
+	portLns  map[string]net.Listener
 
 	shutdownOnce    sync.Once
 	shutdownCh      chan struct{}
@@ -82,7 +92,22 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	defer be.Close()
 	log.Info("backend selected", "backend", be.Name(), "why", reason)
 
-	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{}), hub: newHub()}
+	var tlsConf *tls.Config
+	if cfg.TLSOn() {
+		host, _, _ := net.SplitHostPort(cfg.Listen)
+		hostname, _ := os.Hostname()
+		tlsConf, err = certs.ServerConfig(cfg.StateDir, cfg.TLS.Cert, cfg.TLS.Key, []string{host, hostname}, time.Now())
+		if err != nil {
+			return err
+		}
+		if cfg.TLS.Cert != "" {
+			log.Info("TLS on", "cert", cfg.TLS.Cert)
+		} else {
+			log.Info("TLS on with the local CA; verify clients against it", "ca", certs.CAPath(cfg.StateDir))
+		}
+	}
+
+	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{}), hub: newHub(), tls: tlsConf}
 	d.metrics = metrics.New(d.Projects)
 	d.srv, err = proxy.New(proxy.Options{
 		OnChange:   d.hub.changed,
@@ -100,6 +125,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		SweepInterval:   opts.SweepInterval,
 		MaxConns:        cfg.MaxConnections,
 		MaxProjectConns: cfg.MaxProjectConnections,
+		TLS:             tlsConf,
 	})
 	if err != nil {
 		return err
@@ -149,8 +175,14 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	}
 
 	serveCtx, stopServing := context.WithCancel(context.Background())
+	d.serveCtx = serveCtx
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- d.srv.Serve(serveCtx, d.ln) }()
+	for _, p := range store.Projects() {
+		if err := d.listenProjectPort(p); err != nil {
+			log.Error("project port", "project", p.Name, "err", err)
+		}
+	}
 
 	if err := d.createDeclared(ctx); err != nil {
 		log.Error("creating declared projects", "err", err)
@@ -199,6 +231,38 @@ func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	}
 }
 
+// listenProjectPort opens a project's dedicated port (port routing), on
+// the proxy's listen host.
+func (d *Daemon) listenProjectPort(p state.Project) error {
+	if p.Port == 0 {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(d.cfg.Listen)
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p.Port)))
+	if err != nil {
+		return fmt.Errorf("listen on port %d for project %q: %w", p.Port, p.Name, err)
+	}
+	d.portMu.Lock()
+	if d.portLns == nil {
+		d.portLns = map[string]net.Listener{}
+	}
+	d.portLns[p.Name] = ln
+	d.portMu.Unlock()
+	go d.srv.ServeProject(d.serveCtx, ln, p.Name)
+	d.log.Info("project port", "project", p.Name, "listen", ln.Addr().String())
+	return nil
+}
+
+func (d *Daemon) closeProjectPort(name string) {
+	d.portMu.Lock()
+	ln := d.portLns[name]
+	delete(d.portLns, name)
+	d.portMu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+}
+
 // handler is the admin API plus /metrics.
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -231,12 +295,22 @@ func (d *Daemon) URL(p state.Project) string {
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
+	if p.Port != 0 {
+		port = strconv.Itoa(p.Port)
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	switch {
+	case d.tls != nil && d.cfg.TLS.Cert == "":
+		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {certs.CAPath(d.cfg.StateDir)}}
+	case d.tls != nil:
+		q = url.Values{"sslmode": {"require"}}
+	}
 	u := url.URL{
 		Scheme:   "postgres",
 		User:     url.UserPassword(p.User, p.Password),
 		Host:     net.JoinHostPort(host, port),
 		Path:     "/" + p.Name,
-		RawQuery: "sslmode=disable",
+		RawQuery: q.Encode(),
 	}
 	return u.String()
 }
@@ -309,6 +383,10 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	p := state.Project{
 		Name: req.Name, Image: req.Image, User: "postgres", Database: req.Name,
 		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode, Ephemeral: d.cfg.Ephemeral,
+		Port: req.Port,
+	}
+	if req.Port < 0 || req.Port > 65535 {
+		return admin.Project{}, admin.Invalid(fmt.Errorf("port %d is out of range", req.Port))
 	}
 	if req.Ephemeral != nil {
 		p.Ephemeral = *req.Ephemeral
@@ -344,6 +422,11 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		_ = d.store.Remove(p.Name)
 		return admin.Project{}, apiErr(err)
 	}
+	if err := d.listenProjectPort(p); err != nil {
+		_ = d.srv.RemoveProject(p.Name)
+		_ = d.store.Remove(p.Name)
+		return admin.Project{}, admin.Conflict(err)
+	}
 	d.log.Info("project created", "project", p.Name, "image", p.Image, "sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode)
 	return d.apiProject(p), nil
 }
@@ -358,6 +441,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 		return err
 	}
 	defer d.hub.changed(name)
+	d.closeProjectPort(name)
 	if err := d.be.Remove(ctx, spec(p), volumes); err != nil {
 		// Put it back so the user can retry; the data is untouched.
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))

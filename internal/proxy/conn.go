@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +22,11 @@ import (
 // clientConn is one client connection. Both sockets are closed exactly
 // once, by close, whichever path ends the connection.
 type clientConn struct {
-	srv     *Server
-	conn    net.Conn
-	project *project // set once routed; read under srv.mu by RemoveProject
+	srv        *Server
+	conn       net.Conn // the raw TCP connection, or TLS over it
+	fixed      string   // project of a per-project listener (port routing)
+	serverName string   // TLS SNI, if any
+	project    *project // set once routed; read under srv.mu by RemoveProject
 
 	mu       sync.Mutex
 	closed   bool
@@ -35,9 +40,9 @@ func (c *clientConn) close() {
 		return
 	}
 	c.closed = true
-	up := c.upstream
+	up, conn := c.upstream, c.conn
 	c.mu.Unlock()
-	c.conn.Close()
+	conn.Close()
 	if up != nil {
 		up.Close()
 	}
@@ -68,29 +73,26 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 
-	dbname := startup.Parameters["database"]
-	if dbname == "" {
-		dbname = startup.Parameters["user"] // libpq's default, as Postgres does
-	}
-	p := s.project(dbname)
+	p, dbname, rewrite := c.route(startup)
 	if p == nil {
 		s.refuse(c.conn, dbname, pgwire.CodeInvalidCatalogName,
 			fmt.Sprintf("project %q does not exist", dbname), s.knownProjectsHint())
 		return
 	}
+	name := p.cfg.Spec.Name
 	s.mu.Lock()
 	c.project = p
 	s.mu.Unlock()
 
 	if !s.acquireTotal() {
-		s.refuse(c.conn, dbname, pgwire.CodeTooManyConnections,
+		s.refuse(c.conn, name, pgwire.CodeTooManyConnections,
 			"sorry, too many clients already (pgwake max_connections)", "")
 		return
 	}
 	defer s.total.Add(-1)
 	if !p.acquire() {
-		s.refuse(c.conn, dbname, pgwire.CodeTooManyConnections,
-			fmt.Sprintf("sorry, too many clients already for project %q (pgwake max_project_connections)", dbname), "")
+		s.refuse(c.conn, name, pgwire.CodeTooManyConnections,
+			fmt.Sprintf("sorry, too many clients already for project %q (pgwake max_project_connections)", name), "")
 		return
 	}
 	defer p.release()
@@ -98,10 +100,12 @@ func (c *clientConn) serve(ctx context.Context) {
 	p.mu.Lock()
 	spec := p.cfg.Spec
 	p.mu.Unlock()
-	startup.Parameters["database"] = spec.Database
+	if rewrite {
+		startup.Parameters["database"] = spec.Database
+	}
 	packet, err := pgwire.EncodeStartup(startup)
 	if err != nil {
-		s.refuse(c.conn, dbname, pgwire.CodeProtocolViolation, "invalid startup packet: "+err.Error(), "")
+		s.refuse(c.conn, name, pgwire.CodeProtocolViolation, "invalid startup packet: "+err.Error(), "")
 		return
 	}
 
@@ -114,19 +118,41 @@ func (c *clientConn) serve(ctx context.Context) {
 		if s.isClosing() {
 			code = pgwire.CodeAdminShutdown
 		}
-		s.refuse(c.conn, dbname, code, err.Error(), "")
+		s.refuse(c.conn, name, code, err.Error(), "")
 		return
 	}
 	if !c.attach(up) {
 		return
 	}
-	if _, err := c.conn.Write(first); err != nil {
-		return
-	}
-	in, out := pipe(c)
+	in, out := pipe(c, first)
 	if s.opts.OnConnDone != nil {
-		s.opts.OnConnDone(dbname, in, out+int64(len(first)))
+		s.opts.OnConnDone(name, in, out)
 	}
+}
+
+// route picks the project for a startup message: the listener's own
+// project (port routing), else the database name, else the TLS server name
+// (SNI, "myapp.localhost" -> myapp). rewrite says whether the database
+// name is the routing key, to be replaced by the project's real database.
+func (c *clientConn) route(m *pgproto3.StartupMessage) (p *project, name string, rewrite bool) {
+	s := c.srv
+	db := m.Parameters["database"]
+	if db == "" {
+		db = m.Parameters["user"] // libpq's default, as Postgres does
+	}
+	if c.fixed != "" {
+		p = s.project(c.fixed)
+		return p, c.fixed, db == c.fixed
+	}
+	if p = s.project(db); p != nil {
+		return p, db, true
+	}
+	if label, _, _ := strings.Cut(c.serverName, "."); label != "" {
+		if p = s.project(label); p != nil {
+			return p, label, false
+		}
+	}
+	return nil, db, false
 }
 
 func (s *Server) isClosing() bool {
@@ -135,14 +161,35 @@ func (s *Server) isClosing() bool {
 	return s.closing
 }
 
-// readStartup reads first packets until a StartupMessage. SSLRequest and
-// GSSENCRequest are answered 'N' (no TLS yet); a CancelRequest is dropped
-// without waking anything. It reports false when the connection is done.
+// readStartup reads first packets until a StartupMessage. It answers
+// SSLRequest with 'S' and a TLS handshake when TLS is on ('N' when off),
+// accepts PG17 direct TLS (a ClientHello as the first byte, ALPN
+// "postgresql" required), answers GSSENCRequest 'N', and forwards a
+// CancelRequest without waking anything. It reports false when the
+// connection is done.
 func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 	s := c.srv
+	var first [1]byte
+	if _, err := io.ReadFull(c.conn, first[:]); err != nil {
+		// Closed before sending anything: nothing to answer or wake.
+		return nil, false
+	}
+	var rd io.Reader = io.MultiReader(bytes.NewReader(first[:]), c.conn)
+	encrypted := false
+	if first[0] == tlsHandshakeRecord {
+		if s.opts.TLS == nil {
+			// A TLS client cannot read an ErrorResponse; Postgres closes too.
+			s.log.Debug("direct TLS without TLS configured", "remote", c.conn.RemoteAddr())
+			return nil, false
+		}
+		if !c.startTLS(&prefixConn{Conn: c.conn, r: rd}, true) {
+			return nil, false
+		}
+		rd, encrypted = c.conn, true
+	}
 	sawSSL, sawGSS := false, false
 	for {
-		pkt, err := pgwire.ReadPacket(c.conn)
+		pkt, err := pgwire.ReadPacket(rd)
 		var perr *pgwire.ProtocolError
 		switch {
 		case err == nil:
@@ -153,32 +200,77 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 			s.refuse(c.conn, "", pgwire.CodeProtocolViolation, "timeout waiting for startup packet", "")
 			return nil, false
 		default:
-			// The client closed (or reset) before sending anything: nothing
-			// to answer, nothing to wake.
 			return nil, false
 		}
 		switch pkt.Kind {
 		case pgwire.KindStartup:
 			return pkt.Startup, true
 		case pgwire.KindSSLRequest, pgwire.KindGSSEncRequest:
-			// Each may come once, in either order, before the startup message.
-			if (pkt.Kind == pgwire.KindSSLRequest && sawSSL) || (pkt.Kind == pgwire.KindGSSEncRequest && sawGSS) {
-				s.refuse(c.conn, "", pgwire.CodeProtocolViolation, "duplicate encryption request", "")
+			// Each may come once, in either order, before the startup
+			// message, and not inside TLS.
+			if encrypted || (pkt.Kind == pgwire.KindSSLRequest && sawSSL) || (pkt.Kind == pgwire.KindGSSEncRequest && sawGSS) {
+				s.refuse(c.conn, "", pgwire.CodeProtocolViolation, "unexpected encryption request", "")
 				return nil, false
 			}
 			sawSSL = sawSSL || pkt.Kind == pgwire.KindSSLRequest
 			sawGSS = sawGSS || pkt.Kind == pgwire.KindGSSEncRequest
+			if pkt.Kind == pgwire.KindSSLRequest && s.opts.TLS != nil {
+				if _, err := c.conn.Write([]byte{'S'}); err != nil {
+					return nil, false
+				}
+				if !c.startTLS(c.conn, false) {
+					return nil, false
+				}
+				rd, encrypted = c.conn, true
+				continue
+			}
 			if _, err := c.conn.Write([]byte{'N'}); err != nil {
 				return nil, false
 			}
 		case pgwire.KindCancel:
-			// Forwarding cancels needs the backend key data learned from
-			// each session; until then a cancel is dropped silently, as
-			// Postgres does for unknown keys, and never wakes a project.
+			s.forwardCancel(pkt.Cancel)
 			return nil, false
 		}
 	}
 }
+
+// tlsHandshakeRecord is the first byte of a TLS ClientHello.
+const tlsHandshakeRecord = 0x16
+
+// alpnPostgres is the ALPN protocol PG17 direct TLS requires.
+const alpnPostgres = "postgresql"
+
+// startTLS runs the server side of a TLS handshake on raw and makes it the
+// client connection. Direct TLS must negotiate ALPN "postgresql", as
+// Postgres requires.
+func (c *clientConn) startTLS(raw net.Conn, direct bool) bool {
+	s := c.srv
+	tc := tls.Server(raw, s.opts.TLS)
+	if err := tc.Handshake(); err != nil {
+		s.log.Debug("TLS handshake failed", "remote", c.conn.RemoteAddr(), "err", err)
+		return false
+	}
+	st := tc.ConnectionState()
+	if direct && st.NegotiatedProtocol != alpnPostgres {
+		s.log.Debug("direct TLS without ALPN postgresql", "remote", c.conn.RemoteAddr())
+		tc.Close()
+		return false
+	}
+	c.mu.Lock()
+	c.conn = tc
+	c.mu.Unlock()
+	c.serverName = st.ServerName
+	return true
+}
+
+// prefixConn replays bytes already read (the peeked first byte) before
+// reading from the connection.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // dialReady connects to the project's server, replays the startup packet
 // and peeks at the first reply. A server that is still starting (57P03) or
@@ -337,16 +429,18 @@ func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) 
 	}
 }
 
-// pipe copies bytes both ways until either side closes, then closes both,
-// and returns the bytes each way. Both ends are *net.TCPConn, so io.Copy
-// splices on Linux.
-func pipe(c *clientConn) (fromClient, toClient int64) {
+// pipe relays the startup phase from the server (learning the session's
+// BackendKeyData for cancels), then copies bytes both ways until either
+// side closes, then closes both. It returns the bytes each way. Between two
+// *net.TCPConn, io.Copy splices on Linux; with TLS on the client side it
+// copies through user space.
+func pipe(c *clientConn, first []byte) (fromClient, toClient int64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		fromClient = copyClientToServer(c)
 	}()
-	toClient = copyServerToClient(c)
+	toClient = copyServerToClient(c, first)
 	c.close()
 	<-done
 	return fromClient, toClient
@@ -358,7 +452,65 @@ func copyClientToServer(c *clientConn) int64 {
 	return n
 }
 
-func copyServerToClient(c *clientConn) int64 {
-	n, _ := io.Copy(c.conn, c.upstream)
-	return n
+func copyServerToClient(c *clientConn, first []byte) int64 {
+	n, key, err := relayStartup(c.conn, c.upstream, first)
+	if key != nil {
+		c.srv.cancels.add(key, c.upstream.RemoteAddr().String())
+		defer c.srv.cancels.remove(key)
+	}
+	if err != nil {
+		return n
+	}
+	m, _ := io.Copy(c.conn, c.upstream)
+	return n + m
+}
+
+// maxStartupMessage bounds one server message parsed during the startup
+// phase; real ones are small.
+const maxStartupMessage = 1 << 20
+
+// relayStartup forwards the server's messages to the client, starting with
+// the already-read first bytes (a header, or a whole error message), until
+// ReadyForQuery or an error, and returns the BackendKeyData it saw.
+func relayStartup(client io.Writer, up io.Reader, first []byte) (n int64, key []byte, err error) {
+	write := func(b []byte) error {
+		w, err := client.Write(b)
+		n += int64(w)
+		return err
+	}
+	if err := write(first); err != nil {
+		return n, nil, err
+	}
+	if len(first) < 5 || first[0] == 'E' {
+		return n, nil, nil // a whole error message was passed on
+	}
+	h := pgwire.ReplyHeader(first[:5])
+	for {
+		body := h.BodyLen()
+		if body < 0 || body > maxStartupMessage {
+			return n, key, fmt.Errorf("server message of %d bytes during startup", body)
+		}
+		buf := make([]byte, body)
+		if _, err := io.ReadFull(up, buf); err != nil {
+			return n, key, err
+		}
+		if err := write(buf); err != nil {
+			return n, key, err
+		}
+		switch h.Type() {
+		case 'K':
+			// Protocol 3.0: 4-byte pid + 4-byte key; 3.2 (PG18): up to 256.
+			if len(buf) >= 8 {
+				key = append([]byte(nil), buf...)
+			}
+		case 'Z', 'E':
+			return n, key, nil
+		}
+		if _, err := io.ReadFull(up, h[:]); err != nil {
+			return n, key, err
+		}
+		if err := write(h[:]); err != nil {
+			return n, key, err
+		}
+	}
 }

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,10 @@ type Options struct {
 	BackoffMax      time.Duration
 	MaxConns        int // all projects together
 	MaxProjectConns int // one project
+
+	// TLS, if set, is offered to clients (SSLRequest answered 'S', direct
+	// TLS accepted); nil answers 'N'.
+	TLS *tls.Config
 
 	// Hooks, called without locks held; all optional. OnChange follows any
 	// change of a project's state or counts; OnWake every finished wake;
@@ -91,6 +96,8 @@ type Server struct {
 	projects map[string]*project
 	conns    map[*clientConn]struct{}
 	closing  bool
+
+	cancels cancelRegistry
 
 	total   atomic.Int64
 	connWG  sync.WaitGroup
@@ -301,6 +308,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.sweepWG.Add(1)
 		go s.watchLoop(ctx, w)
 	}
+	return s.accept(ctx, ln, "")
+}
+
+// ServeProject accepts clients on a listener dedicated to one project
+// (port routing): every client reaches that project, whatever database
+// name it sends. Run it alongside Serve.
+func (s *Server) ServeProject(ctx context.Context, ln net.Listener, project string) error {
+	return s.accept(ctx, ln, project)
+}
+
+func (s *Server) accept(ctx context.Context, ln net.Listener, fixed string) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var tempDelay time.Duration
@@ -321,7 +339,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		tempDelay = 0
-		c := &clientConn{srv: s, conn: nc}
+		c := &clientConn{srv: s, conn: nc, fixed: fixed}
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()

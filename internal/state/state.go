@@ -27,7 +27,9 @@ type Project struct {
 	SleepMode  string        `json:"sleep_mode"`
 	Pinned     bool          `json:"pinned,omitempty"`
 	// Ephemeral projects are removed, data and all, when pgwake goes down.
-	Ephemeral bool      `json:"ephemeral,omitempty"`
+	Ephemeral bool `json:"ephemeral,omitempty"`
+	// Port, if set, is a listen port of the project's own (port routing).
+	Port      int       `json:"port,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

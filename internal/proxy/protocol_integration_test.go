@@ -1,0 +1,328 @@
+package proxy_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/certs"
+	"github.com/pgwake/pgwake/internal/proxy"
+)
+
+// tlsHarness is a harness whose proxy offers TLS with a generated local CA.
+func tlsHarness(t *testing.T, k kit) (*harness, string) {
+	t.Helper()
+	dir := t.TempDir()
+	conf, err := certs.ServerConfig(dir, "", "", nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, k, harnessOptions{proxy: proxy.Options{TLS: conf}})
+	return h, certs.CAPath(dir)
+}
+
+func withParams(u string, kv ...string) string {
+	parsed, _ := url.Parse(u)
+	q := parsed.Query()
+	for i := 0; i < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	parsed.RawQuery = q.Encode()
+	return parsed.String()
+}
+
+func TestIntegrationTLS(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h, ca := tlsHarness(t, k)
+		spec := h.addProject("secure", backend.SleepStop, 0)
+		_, port, _ := net.SplitHostPort(h.addr)
+
+		t.Run("psql sslmode=require", func(t *testing.T) {
+			out, err := exec.Command("psql", withParams(h.url(spec), "sslmode", "require"), "-Atc", "select 1").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "1" {
+				t.Fatalf("psql: %v\n%s", err, out)
+			}
+		})
+		t.Run("psql verify-full against the local CA", func(t *testing.T) {
+			u := "postgres://postgres:" + url.QueryEscape(spec.Password) + "@localhost:" + port + "/secure?sslmode=verify-full&sslrootcert=" + url.QueryEscape(ca)
+			out, err := exec.Command("psql", u, "-Atc", "select 2").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "2" {
+				t.Fatalf("psql: %v\n%s", err, out)
+			}
+		})
+		t.Run("psql verify-full rejects another CA", func(t *testing.T) {
+			// Another pgwake's local CA: a different key, same names.
+			dir := t.TempDir()
+			if _, err := certs.ServerConfig(dir, "", "", nil, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			u := "postgres://postgres:x@localhost:" + port + "/secure?sslmode=verify-full&sslrootcert=" + url.QueryEscape(certs.CAPath(dir))
+			out, err := exec.Command("psql", u, "-Atc", "select 1").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "certificate verify failed") {
+				t.Fatalf("psql with a foreign CA: %v\n%s", err, out)
+			}
+		})
+		t.Run("pgx direct TLS", func(t *testing.T) {
+			cfg, err := pgx.ParseConfig(withParams(h.url(spec), "sslmode", "require", "sslnegotiation", "direct"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.ConnectConfig(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(t.Context())
+			var n int
+			if err := conn.QueryRow(t.Context(), "select 3").Scan(&n); err != nil || n != 3 {
+				t.Fatalf("query: %d %v", n, err)
+			}
+		})
+		t.Run("direct TLS without ALPN is refused", func(t *testing.T) {
+			raw, err := net.Dial("tcp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true}) // no NextProtos
+			_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+			err = tc.Handshake()
+			if err == nil {
+				var b [1]byte
+				_, err = tc.Read(b[:])
+			}
+			if err == nil {
+				t.Fatal("direct TLS without ALPN postgresql was accepted")
+			}
+		})
+		t.Run("SNI routing", func(t *testing.T) {
+			pool := x509.NewCertPool()
+			data, _ := os.ReadFile(ca)
+			pool.AppendCertsFromPEM(data)
+			cfg, err := pgconn.ParseConfig("postgres://postgres:" + url.QueryEscape(spec.Password) + "@" + h.addr + "/postgres?sslmode=verify-full")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.TLSConfig = &tls.Config{RootCAs: pool, ServerName: "secure.localhost"}
+			conn, err := pgconn.ConnectConfig(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(t.Context())
+			res, err := conn.Exec(t.Context(), "select current_database()").ReadAll()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Routed by server name; the database name passed through.
+			if got := string(res[0].Rows[0][0]); got != "postgres" {
+				t.Fatalf("current_database %q, want postgres", got)
+			}
+		})
+	})
+}
+
+func TestIntegrationDirectTLSWithTLSOffIsClosed(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("plain", backend.SleepStop, 0)
+		_, err := pgx.Connect(t.Context(), withParams(h.url(spec), "sslmode", "require", "sslnegotiation", "direct"))
+		if err == nil {
+			t.Fatal("direct TLS to a proxy without TLS succeeded")
+		}
+		if st := h.status("plain"); st.Wakes != 0 {
+			t.Fatalf("refused direct TLS woke the project")
+		}
+	})
+}
+
+func TestIntegrationPortRouting(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("ported", backend.SleepStop, 0)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go h.srv.ServeProject(t.Context(), ln, "ported")
+		// A client that cannot choose the database name: it asks for the
+		// default one, and the port decides the project.
+		u := "postgres://postgres:" + url.QueryEscape(spec.Password) + "@" + ln.Addr().String() + "/postgres?sslmode=disable&options=-c%20search_path%3Dpgwake_test"
+		conn, err := pgx.Connect(t.Context(), u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(t.Context())
+		var db, sp string
+		if err := conn.QueryRow(t.Context(), "select current_database(), current_setting('search_path')").Scan(&db, &sp); err != nil {
+			t.Fatal(err)
+		}
+		// The startup parameters other than routing passed through untouched.
+		if db != "postgres" || sp != "pgwake_test" {
+			t.Fatalf("got db %q search_path %q", db, sp)
+		}
+	})
+}
+
+func TestIntegrationCancel(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("cancel", backend.SleepStop, 0)
+		ctx := t.Context()
+		watcher := h.connect(ctx, spec)
+
+		// waitRunning waits until pg_sleep runs on the server.
+		waitRunning := func(t *testing.T) {
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) {
+				var n int
+				if err := watcher.QueryRow(ctx, "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and pid <> pg_backend_pid()").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n > 0 {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Fatal("pg_sleep never started")
+		}
+
+		t.Run("pgx context cancellation", func(t *testing.T) {
+			cfg, err := pgx.ParseConfig(h.url(spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Ask pgx to cancel on the server when the context ends (its
+			// default only interrupts the socket).
+			cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+				return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 20 * time.Second}
+			}
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			qctx, cancel := context.WithCancel(ctx)
+			errc := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, err := conn.Exec(qctx, "select pg_sleep(30)")
+				errc <- err
+			}()
+			waitRunning(t)
+			cancel()
+			err = <-errc
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+				t.Fatalf("err = %v, want SQLSTATE 57014 from the server", err)
+			}
+			if d := time.Since(start); d > 20*time.Second {
+				t.Fatalf("query ended after %s", d)
+			}
+		})
+		t.Run("psql interrupted", func(t *testing.T) {
+			cmd := exec.Command("psql", h.url(spec), "-c", "select pg_sleep(30)")
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitRunning(t)
+			// Ctrl-C: libpq sends a CancelRequest on a new connection.
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("psql did not end after the cancel: %s", out.String())
+			}
+			if !strings.Contains(out.String(), "canceling statement due to user request") {
+				t.Fatalf("psql output %q, want the cancel error", out.String())
+			}
+		})
+		// Keys are forgotten when sessions end: only the watcher remains.
+		watcher.Close(ctx)
+		h.waitFor("cancel", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+		if n := h.srv.CancelKeys(); n != 0 {
+			t.Fatalf("%d cancel keys left after every session ended", n)
+		}
+	})
+}
+
+func TestIntegrationSlowAndSplitClients(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{StartupTimeout: 5 * time.Second}})
+		spec := h.addProject("slow", backend.SleepStop, 0)
+
+		t.Run("startup packet in 1-byte writes", func(t *testing.T) {
+			// pgconn dials through a conn that writes one byte at a time.
+			cfg, err := pgconn.ParseConfig(h.url(spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &byteWriter{Conn: c}, nil
+			}
+			conn, err := pgconn.ConnectConfig(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(t.Context())
+			res, err := conn.Exec(t.Context(), "select 5").ReadAll()
+			if err != nil || string(res[0].Rows[0][0]) != "5" {
+				t.Fatalf("query: %v", err)
+			}
+		})
+		t.Run("client closing mid-startup wakes nothing", func(t *testing.T) {
+			h.waitFor("slow", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+			if err := h.srv.Sleep(t.Context(), "slow"); err != nil {
+				t.Fatal(err)
+			}
+			before := h.status("slow").Wakes
+			c := rawConn(t, h.addr)
+			full := startupPacket(t, map[string]string{"user": "postgres", "database": "slow"})
+			c.Write(full[:len(full)/2])
+			c.Close()
+			// The proxy notices the close at once (EOF), well before the
+			// startup timeout; nothing was routed.
+			h.waitFor("slow", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+			if st := h.status("slow"); st.Wakes != before || st.State != proxy.StateSleeping {
+				t.Fatalf("a client that closed mid-startup changed the project: %+v", st)
+			}
+		})
+	})
+}
+
+// byteWriter writes everything one byte per write call, with a pause, as a
+// slow or fragmenting client would.
+type byteWriter struct{ net.Conn }
+
+func (b *byteWriter) Write(p []byte) (int, error) {
+	for i := range p {
+		if _, err := b.Conn.Write(p[i : i+1]); err != nil {
+			return i, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return len(p), nil
+}
