@@ -194,9 +194,6 @@ func TestUsageErrors(t *testing.T) {
 		env  []string
 		args []string
 		want string // in the error
-		// knownBug, if set, describes a known bug that makes this case
-		// exit 1 instead; the case is skipped while that is so.
-		knownBug string
 	}{
 		{name: "unknown env var", env: []string{"PGWAKE_BOGUS=1"}, args: []string{"ls"}, want: "unknown environment variable PGWAKE_BOGUS"},
 		{name: "unknown env var for a local command", env: []string{"PGWAKE_LISTN=127.0.0.1:0"}, args: []string{"down"}, want: "PGWAKE_LISTN"},
@@ -225,7 +222,6 @@ func TestUsageErrors(t *testing.T) {
 		{name: "up --wait=true without -d", args: []string{"up", "--wait=true", "--listen=127.0.0.1:0"}, want: "--wait goes with -d"},
 		{
 			name: "unknown command", args: []string{"bogus"}, want: `unknown command "bogus"`,
-			knownBug: "cobra's unknown-command error is not a usageError, so it exits 1",
 		},
 	}
 	for _, tt := range tests {
@@ -242,13 +238,10 @@ func TestUsageErrors(t *testing.T) {
 				t.Errorf("%q: went on to contact the daemon: %v", tt.args, r.err)
 			}
 			if r.code != 2 {
-				if tt.knownBug != "" && r.code == 1 {
-					t.Skipf("known bug: %s (exit code %d, error %q)", tt.knownBug, r.code, r.err)
-				}
 				t.Errorf("%q: exit code %d, want 2 (error %q)", tt.args, r.code, r.err)
 			}
 			var ee *exitError
-			if tt.knownBug == "" && !errors.As(r.err, &ee) {
+			if !errors.As(r.err, &ee) {
 				t.Errorf("%q: error %T is not an *exitError", tt.args, r.err)
 			}
 			if strings.Contains(r.stdout+r.stderr, "Usage:") {

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/daemon"
 )
 
 func newDownCommand(d *deps) *cobra.Command {
@@ -51,9 +51,9 @@ func runDown(ctx context.Context, d *deps, timeout time.Duration, volumes bool) 
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		// The daemon is gone once its process is; the socket goes a moment
-		// before the last projects finish sleeping.
-		if err := syscall.Kill(info.PID, 0); errors.Is(err, syscall.ESRCH) {
+		// The daemon holds the state dir's lock until its last projects
+		// are asleep and it exits.
+		if !daemon.Locked(d.cfg.StateDir) {
 			fmt.Fprintln(d.stderr, "pgwake stopped")
 			return nil
 		}

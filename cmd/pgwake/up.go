@@ -105,8 +105,8 @@ func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptio
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if err := cl.Healthy(ctx); err == nil {
-			fmt.Fprintf(d.stderr, "pgwake is serving on %s\n", d.cfg.Listen)
+		if info, err := cl.Info(ctx); err == nil {
+			fmt.Fprintf(d.stderr, "pgwake is serving on %s (backend %s)\n", info.Listen, info.Backend)
 			return nil
 		}
 		select {

@@ -7,7 +7,6 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,11 +90,11 @@ func (c *Config) TLSOn() bool {
 // ProjectConfig declares one project in pgwake.yaml. Empty fields take the
 // top-level defaults.
 type ProjectConfig struct {
-	Name       string        `yaml:"name"`
-	Image      string        `yaml:"image"`
-	SleepAfter time.Duration `yaml:"sleep_after"`
-	SleepMode  string        `yaml:"sleep_mode"`
-	Ephemeral  bool          `yaml:"ephemeral"`
+	Name       string         `yaml:"name"`
+	Image      string         `yaml:"image"`
+	SleepAfter *time.Duration `yaml:"sleep_after"` // nil: the default; 0: never
+	SleepMode  string         `yaml:"sleep_mode"`
+	Ephemeral  bool           `yaml:"ephemeral"`
 }
 
 // Default returns the built-in defaults.
@@ -212,6 +211,9 @@ func (c *Config) Get(key string) string {
 	return fmt.Sprint(reflect.ValueOf(c).Elem().FieldByIndex(k.path).Interface())
 }
 
+// flagAnnotation marks the flags BindFlags made.
+const flagAnnotation = "pgwake-config-key"
+
 // BindFlags registers one flag per key on fs. Only flags the user sets
 // override the other sources; defaults shown in help are the built-in ones.
 func BindFlags(fs *pflag.FlagSet, only ...string) {
@@ -226,9 +228,10 @@ func BindFlags(fs *pflag.FlagSet, only ...string) {
 		usage := k.Usage + " (env " + k.Env + ")"
 		if v, ok := reflect.ValueOf(def).FieldByIndex(k.path).Interface().(bool); ok {
 			fs.Bool(k.Flag, v, usage)
-			continue
+		} else {
+			fs.String(k.Flag, def.Get(k.Name), usage)
 		}
-		fs.String(k.Flag, def.Get(k.Name), usage)
+		_ = fs.SetAnnotation(k.Flag, flagAnnotation, []string{k.Name})
 	}
 }
 
@@ -302,7 +305,9 @@ func Load(src Sources) (Config, error) {
 	if src.Flags != nil {
 		for _, k := range Keys() {
 			f := src.Flags.Lookup(k.Flag)
-			if f == nil || !f.Changed {
+			// Only flags BindFlags made are config: a subcommand's own flag
+			// of the same name (create --image) means something else.
+			if f == nil || !f.Changed || f.Annotations[flagAnnotation] == nil {
 				continue
 			}
 			if err := cfg.Set(k.Name, f.Value.String()); err != nil {
@@ -324,21 +329,102 @@ func knownEnv() string {
 	return strings.Join(append(names, EnvConfigFile), ", ")
 }
 
-// decodeYAML decodes strictly: an unknown key is an error.
+// decodeYAML decodes strictly: an unknown key is an error. Scalars go
+// through Config.Set, so a value means the same in pgwake.yaml as in its
+// variable or flag ("0" is a duration everywhere).
 func decodeYAML(data []byte, cfg *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, errEOF) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
 		return err
+	}
+	if len(root.Content) == 0 {
+		return nil // an empty file
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: expected key: value pairs", doc.Line)
+	}
+	return decodeMapping(doc, "", cfg)
+}
+
+func decodeMapping(n *yaml.Node, prefix string, cfg *Config) error {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		name := prefix + k.Value
+		switch {
+		case name == "projects":
+			ps, err := decodeProjects(v)
+			if err != nil {
+				return err
+			}
+			cfg.Projects = ps
+		case v.Kind == yaml.MappingNode && isSection(name):
+			if err := decodeMapping(v, name+".", cfg); err != nil {
+				return err
+			}
+		case v.Kind == yaml.ScalarNode:
+			if err := cfg.Set(name, v.Value); err != nil {
+				return fmt.Errorf("line %d: %w", k.Line, err)
+			}
+		default:
+			return fmt.Errorf("line %d: unknown config key %q", k.Line, name)
+		}
 	}
 	return nil
 }
 
-// errEOF is what the decoder returns for an empty document.
-var errEOF = func() error {
-	var v struct{}
-	return yaml.NewDecoder(bytes.NewReader(nil)).Decode(&v)
-}()
+// isSection reports whether name is a nested section (tls).
+func isSection(name string) bool {
+	for _, k := range Keys() {
+		if strings.HasPrefix(k.Name, name+".") {
+			return true
+		}
+	}
+	return false
+}
+
+func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, fmt.Errorf("line %d: projects must be a list", n.Line)
+	}
+	var out []ProjectConfig
+	for _, item := range n.Content {
+		if item.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("line %d: a project must be a mapping (name: ...)", item.Line)
+		}
+		var pc ProjectConfig
+		for i := 0; i+1 < len(item.Content); i += 2 {
+			k, v := item.Content[i], item.Content[i+1]
+			if v.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("line %d: projects: %s must be a single value", k.Line, k.Value)
+			}
+			switch k.Value {
+			case "name":
+				pc.Name = v.Value
+			case "image":
+				pc.Image = v.Value
+			case "sleep_mode":
+				pc.SleepMode = v.Value
+			case "sleep_after":
+				d, err := time.ParseDuration(v.Value)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: projects: sleep_after %q is not a duration (like 90s or 10m)", k.Line, v.Value)
+				}
+				pc.SleepAfter = &d
+			case "ephemeral":
+				b, err := strconv.ParseBool(v.Value)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: projects: ephemeral %q is not true or false", k.Line, v.Value)
+				}
+				pc.Ephemeral = b
+			default:
+				return nil, fmt.Errorf("line %d: unknown project key %q", k.Line, k.Value)
+			}
+		}
+		out = append(out, pc)
+	}
+	return out, nil
+}
 
 // Validate checks values that parse but make no sense.
 func (c *Config) Validate() error {
@@ -380,12 +466,15 @@ func (c *Config) Validate() error {
 	if _, err := backend.ParseSleepMode(c.SleepMode); err != nil {
 		errs = append(errs, fmt.Errorf("sleep_mode: %w", err))
 	}
-	for name, d := range map[string]time.Duration{
-		"sleep_after": c.SleepAfter, "grace_period": c.GracePeriod, "wake_timeout": c.WakeTimeout,
-		"startup_timeout": c.StartupTimeout, "shutdown_timeout": c.ShutdownTimeout,
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"sleep_after", c.SleepAfter}, {"grace_period", c.GracePeriod}, {"wake_timeout", c.WakeTimeout},
+		{"startup_timeout", c.StartupTimeout}, {"shutdown_timeout", c.ShutdownTimeout},
 	} {
-		if d < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative", name))
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative", d.name))
 		}
 	}
 	if c.WakeTimeout == 0 || c.StartupTimeout == 0 {
@@ -408,7 +497,7 @@ func (c *Config) Validate() error {
 				errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_mode: %w", i, p.Name, err))
 			}
 		}
-		if p.SleepAfter < 0 {
+		if p.SleepAfter != nil && *p.SleepAfter < 0 {
 			errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_after must not be negative", i, p.Name))
 		}
 	}

@@ -524,12 +524,6 @@ func TestLoadFileSelection(t *testing.T) {
 func TestLoadFileZeroDuration(t *testing.T) {
 	t.Parallel()
 	cfg, err := config.Load(config.Sources{File: fixture("zero_duration.yaml")})
-	if err != nil && strings.Contains(err.Error(), "cannot unmarshal !!int `0` into time.Duration") {
-		// Known bug: decodeYAML hands durations to yaml.v3, which rejects
-		// bare integers (even 0) for time.Duration, while env and flags go
-		// through Config.Set. Remove this skip once the file goes through Set.
-		t.Skipf("known bug: sleep_after: 0 in pgwake.yaml is rejected: %v", err)
-	}
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}

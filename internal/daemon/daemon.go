@@ -81,6 +81,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return err
 	}
 	sock := cfg.SocketPath()
+	unlock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := admin.NewClient(sock).Healthy(ctx); err == nil {
 		return fmt.Errorf("%w (admin socket %s)", ErrAlreadyRunning, sock)
 	}
@@ -415,16 +420,16 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		return admin.Project{}, apiErr(err)
 	}
 	if err := d.be.Ensure(ctx, spec(p)); err != nil {
-		_ = d.store.Remove(p.Name)
+		_ = d.store.Remove(p.Name, false)
 		return admin.Project{}, fmt.Errorf("create project %q: %w", p.Name, err)
 	}
 	if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
-		_ = d.store.Remove(p.Name)
+		_ = d.store.Remove(p.Name, false)
 		return admin.Project{}, apiErr(err)
 	}
 	if err := d.listenProjectPort(p); err != nil {
 		_ = d.srv.RemoveProject(p.Name)
-		_ = d.store.Remove(p.Name)
+		_ = d.store.Remove(p.Name, false)
 		return admin.Project{}, admin.Conflict(err)
 	}
 	d.log.Info("project created", "project", p.Name, "image", p.Image, "sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode)
@@ -447,7 +452,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))
 		return err
 	}
-	if err := d.store.Remove(name); err != nil {
+	if err := d.store.Remove(name, !volumes); err != nil {
 		return apiErr(err)
 	}
 	d.log.Info("project removed", "project", name, "volumes", volumes)
@@ -507,7 +512,7 @@ func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := d.store.Remove(p.Name); err != nil {
+		if err := d.store.Remove(p.Name, false); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -524,7 +529,7 @@ func (d *Daemon) createDeclared(ctx context.Context) error {
 			continue
 		}
 		req := admin.CreateRequest{Name: pc.Name, Image: pc.Image, SleepMode: pc.SleepMode}
-		if pc.SleepAfter > 0 {
+		if pc.SleepAfter != nil {
 			req.SleepAfter = pc.SleepAfter.String()
 		}
 		if pc.Ephemeral {

@@ -37,6 +37,16 @@ type file struct {
 	// Instance scopes container and volume names to this state directory.
 	Instance string     `json:"instance"`
 	Projects []*Project `json:"projects"`
+	// Kept holds the credentials of projects removed without their data,
+	// so creating one again under the same name can reach that data.
+	Kept map[string]Credentials `json:"kept,omitempty"`
+}
+
+// Credentials are what a kept data directory was initialised with.
+type Credentials struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	Database string `json:"database"`
 }
 
 // Store is the state file. It is safe for concurrent use.
@@ -128,6 +138,9 @@ func (s *Store) Add(p Project) (Project, error) {
 			return Project{}, fmt.Errorf("%w: %q", ErrExists, p.Name)
 		}
 	}
+	if kept, ok := s.f.Kept[p.Name]; ok && p.Password == "" {
+		p.User, p.Password, p.Database = kept.User, kept.Password, kept.Database
+	}
 	if p.Password == "" {
 		p.Password = randomHex(16)
 	}
@@ -135,7 +148,12 @@ func (s *Store) Add(p Project) (Project, error) {
 		p.CreatedAt = time.Now().UTC().Truncate(time.Second)
 	}
 	s.f.Projects = append(s.f.Projects, &p)
+	kept, hadKept := s.f.Kept[p.Name]
+	delete(s.f.Kept, p.Name)
 	if err := s.saveLocked(); err != nil {
+		if hadKept {
+			s.f.Kept[p.Name] = kept
+		}
 		s.f.Projects = s.f.Projects[:len(s.f.Projects)-1]
 		return Project{}, err
 	}
@@ -155,13 +173,22 @@ func (s *Store) Update(name string, fn func(*Project)) error {
 	return fmt.Errorf("%w: %q", ErrNotFound, name)
 }
 
-// Remove deletes a project.
-func (s *Store) Remove(name string) error {
+// Remove deletes a project. With keepData its credentials are kept for a
+// project created again under the same name; otherwise any kept ones go.
+func (s *Store) Remove(name string, keepData bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, p := range s.f.Projects {
 		if p.Name == name {
 			s.f.Projects = append(s.f.Projects[:i], s.f.Projects[i+1:]...)
+			if keepData {
+				if s.f.Kept == nil {
+					s.f.Kept = map[string]Credentials{}
+				}
+				s.f.Kept[name] = Credentials{User: p.User, Password: p.Password, Database: p.Database}
+			} else {
+				delete(s.f.Kept, name)
+			}
 			return s.saveLocked()
 		}
 	}

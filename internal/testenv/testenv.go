@@ -27,8 +27,8 @@ import (
 const DefaultImage = "pgwake-test/postgres:15"
 
 // ImageEnv names the environment variable that overrides the image, e.g.
-// PGWAKE_TEST_IMAGE=postgres:17 to run the tests against an official image.
-const ImageEnv = "PGWAKE_TEST_IMAGE"
+// PGWAKETEST_IMAGE=postgres:17 to run the tests against an official image.
+const ImageEnv = "PGWAKETEST_IMAGE"
 
 // buildTimeout bounds build.sh, which normally takes seconds; a hung docker
 // import should fail the test rather than eat go test's whole -timeout.
@@ -63,7 +63,7 @@ func DockerClient(t testing.TB) *client.Client {
 // PostgresImage returns the Postgres image reference the integration tests
 // should run, making sure the engine has it.
 //
-// With $PGWAKE_TEST_IMAGE set, that image is used as is and must already be
+// With $PGWAKETEST_IMAGE set, that image is used as is and must already be
 // present (building it here would put a Debian 15 image under a name such as
 // postgres:17). Otherwise DefaultImage is built with build.sh if missing.
 func PostgresImage(t testing.TB) string {

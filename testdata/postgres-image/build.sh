@@ -8,16 +8,16 @@
 # ENTRYPOINT docker-entrypoint.sh, CMD postgres, POSTGRES_* variables; see
 # docker-entrypoint.sh).
 #
-# Usage: build.sh [TAG]    (default $PGWAKE_TEST_IMAGE or pgwake-test/postgres:15)
+# Usage: build.sh [TAG]    (default $PGWAKETEST_IMAGE or pgwake-test/postgres:15)
 # Requires: docker CLI, postgresql-$PG_MAJOR and busybox-static installed
 # (apt-get install postgresql-15 busybox-static).
 # Progress goes to stderr; the image tag is printed on stdout at the end.
 #
 # Idempotent: the image carries a fingerprint of its inputs as a label and is
-# only rebuilt when that changes (or PGWAKE_TEST_IMAGE_REBUILD=1).
+# only rebuilt when that changes (or PGWAKETEST_IMAGE_REBUILD=1).
 set -euo pipefail
 
-tag="${1:-${PGWAKE_TEST_IMAGE:-pgwake-test/postgres:15}}"
+tag="${1:-${PGWAKETEST_IMAGE:-pgwake-test/postgres:15}}"
 pg_major="${PG_MAJOR:-15}"
 pg_home="/usr/lib/postgresql/$pg_major"
 pg_share="/usr/share/postgresql/$pg_major"
@@ -47,7 +47,7 @@ fingerprint="$(
 	} | sha256sum | cut -d' ' -f1
 )"
 old_id="$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)"
-if [[ -n "$old_id" && -z "${PGWAKE_TEST_IMAGE_REBUILD:-}" ]] &&
+if [[ -n "$old_id" && -z "${PGWAKETEST_IMAGE_REBUILD:-}" ]] &&
 	[[ "$(docker image inspect -f "{{index .Config.Labels \"$label\"}}" "$tag")" == "$fingerprint" ]]; then
 	log "$tag is up to date"
 	echo "$tag"
