@@ -67,7 +67,8 @@ type Backend interface {
 	// Ensure makes the project's server exist as spec says, without
 	// starting it. It is idempotent.
 	Ensure(ctx context.Context, spec Spec) error
-	// Start wakes the server (start or unpause) and returns the address to
+	// Start wakes the server (start or unpause), first creating it from
+	// spec when missing or drifted (as Ensure), and returns the address to
 	// dial. It returns once the runtime reports the server running; the
 	// proxy then waits until Postgres itself serves.
 	Start(ctx context.Context, spec Spec) (addr string, err error)

@@ -275,32 +275,43 @@ func (b *Backend) ensureImage(ctx context.Context, ref string) error {
 	return nil
 }
 
-// Start implements backend.Backend. It returns once Docker reports the
-// container running; Postgres may still be booting.
+// Start implements backend.Backend: it unpauses or starts the container,
+// creating it first when missing or drifted from spec. It returns once
+// Docker reports the container running; Postgres may still be booting.
+// The common paths cost one inspect plus the start or unpause itself, since
+// every millisecond here is on a waiting client's clock.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (string, error) {
-	st, err := b.Status(ctx, spec)
-	if err != nil {
-		return "", err
-	}
 	name := b.ContainerName(spec.Name)
-	switch st.State {
-	case backend.StateRunning:
-		return st.Addr, nil
-	case backend.StateMissing:
-		if err := b.Ensure(ctx, spec); err != nil {
+	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+	switch {
+	case cerrdefs.IsNotFound(err):
+		if err := b.create(ctx, spec); err != nil {
 			return "", err
 		}
-		fallthrough
-	case backend.StateStopped:
-		if _, err := b.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
-			return "", fmt.Errorf("start container %q: %w", name, err)
+	case err != nil:
+		return "", fmt.Errorf("inspect container %q: %w", name, err)
+	default:
+		c := res.Container
+		if st := containerStatus(c); st.State == backend.StateRunning {
+			return st.Addr, nil
+		} else if st.State == backend.StatePaused {
+			if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
+				return "", fmt.Errorf("unpause container %q: %w", name, err)
+			}
+			// Published ports survive a pause: no second inspect.
+			if addr := publishedAddr(c); addr != "" {
+				return addr, nil
+			}
+			break
 		}
-	case backend.StatePaused:
-		if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
-			return "", fmt.Errorf("unpause container %q: %w", name, err)
+		if err := b.Ensure(ctx, spec); err != nil { // stopped: recreate if drifted
+			return "", err
 		}
 	}
-	st, err = b.Status(ctx, spec)
+	if _, err := b.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
+		return "", fmt.Errorf("start container %q: %w", name, err)
+	}
+	st, err := b.Status(ctx, spec)
 	if err != nil {
 		return "", err
 	}
@@ -347,24 +358,36 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 	if err != nil {
 		return backend.Status{}, fmt.Errorf("inspect container %q: %w", name, err)
 	}
-	c := res.Container
+	st := containerStatus(res.Container)
+	if st.State == backend.StateRunning && st.Addr == "" {
+		return backend.Status{}, fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
+	}
+	return st, nil
+}
+
+func containerStatus(c container.InspectResponse) backend.Status {
 	switch {
 	case c.State == nil:
-		return backend.Status{State: backend.StateStopped}, nil
+		return backend.Status{State: backend.StateStopped}
 	case c.State.Paused:
-		return backend.Status{State: backend.StatePaused}, nil
+		return backend.Status{State: backend.StatePaused}
 	case c.State.Running:
-	default:
-		return backend.Status{State: backend.StateStopped}, nil
+		return backend.Status{State: backend.StateRunning, Addr: publishedAddr(c)}
 	}
-	if c.NetworkSettings != nil {
-		for _, pb := range c.NetworkSettings.Ports[postgresPort] {
-			if pb.HostPort != "" && (pb.HostIP.IsLoopback() || !pb.HostIP.IsValid()) {
-				return backend.Status{State: backend.StateRunning, Addr: net.JoinHostPort("127.0.0.1", pb.HostPort)}, nil
-			}
+	return backend.Status{State: backend.StateStopped}
+}
+
+// publishedAddr is the loopback address Docker published 5432 on.
+func publishedAddr(c container.InspectResponse) string {
+	if c.NetworkSettings == nil {
+		return ""
+	}
+	for _, pb := range c.NetworkSettings.Ports[postgresPort] {
+		if pb.HostPort != "" && (pb.HostIP.IsLoopback() || !pb.HostIP.IsValid()) {
+			return net.JoinHostPort("127.0.0.1", pb.HostPort)
 		}
 	}
-	return backend.Status{}, fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
+	return ""
 }
 
 // Remove implements backend.Backend.

@@ -242,11 +242,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 }
 
 func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (string, error) {
-	be := p.srv.opts.Backend
-	if err := be.Ensure(ctx, spec); err != nil {
-		return "", err
-	}
-	addr, err := be.Start(ctx, spec)
+	addr, err := p.srv.opts.Backend.Start(ctx, spec)
 	if err != nil {
 		return "", err
 	}
