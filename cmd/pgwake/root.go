@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -52,6 +54,18 @@ sees nothing but a slower first connect.
   psql "$(pgwake url myapp)" connect (wakes it if asleep)`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// An unknown command is a usage error (exit 2), with suggestions.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q for pgwake", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageError(errors.New(msg))
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(config.Sources{File: configFile, Environ: d.environ, Flags: cmd.Flags()})
 			if err != nil {
@@ -74,8 +88,10 @@ sees nothing but a slower first connect.
 		newCreateCommand(d),
 		newRmCommand(d),
 		newLsCommand(d),
+		newStatusCommand(d),
 		newURLCommand(d),
 		newEnvCommand(d),
+		newTLSCommand(d),
 		newPsqlCommand(d),
 		newWakeCommand(d),
 		newSleepCommand(d),

@@ -164,7 +164,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	}
 	defer os.Remove(sock)
 	handler := d.handler()
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// Requests run on apiCtx, cancelled at shutdown so open event streams
+	// end instead of holding the HTTP shutdown up.
+	apiCtx, cancelAPI := context.WithCancel(context.Background())
+	defer cancelAPI()
+	baseCtx := func(net.Listener) context.Context { return apiCtx }
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
 	go hs.Serve(aln)
 	if cfg.AdminListen != "" {
 		tln, err := net.Listen("tcp", cfg.AdminListen)
@@ -173,7 +178,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 			d.ln.Close()
 			return fmt.Errorf("admin listen: %w", err)
 		}
-		ths := &http.Server{Handler: admin.RequireToken(cfg.AdminToken, handler), ReadHeaderTimeout: 10 * time.Second}
+		ths := &http.Server{Handler: admin.RequireToken(cfg.AdminToken, handler), ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
 		go ths.Serve(tln)
 		defer ths.Close()
 		log.Info("admin API and metrics on TCP", "addr", tln.Addr().String(), "token_required", cfg.AdminToken != "")
@@ -215,6 +220,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	if rerr := d.removeOnShutdown(rctx, d.shutdownVolumes); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
+	cancelAPI()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	_ = hs.Shutdown(sctx)

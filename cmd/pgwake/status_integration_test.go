@@ -1,0 +1,366 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
+	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/testenv"
+)
+
+// This file tests `pgwake status`. TestIntegrationStatusTmux runs the
+// dashboard in a real terminal (a detached tmux session) against a real
+// daemon and Docker. The two short tests before it need neither: they serve
+// the admin API from a scripted admin.Service on a unix socket, to check
+// what status prints when stdout is not a terminal.
+
+// statusService is a scripted daemon: it lists ps. Any other call panics
+// (through the nil embedded interface), which fails the test loudly.
+type statusService struct {
+	admin.Service
+	ps []admin.Project
+}
+
+func (s statusService) Projects() []admin.Project { return s.ps }
+
+// serveAdmin serves svc's admin API where the CLI will look for it, and
+// returns the environment that points the CLI there.
+func serveAdmin(t *testing.T, svc admin.Service) []string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pgw") // short: it holds the socket
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg := filepath.Join(dir, "empty.yaml")
+	if err := os.WriteFile(cfg, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PGWAKE_STATE_DIR=" + dir, "PGWAKE_CONFIG=" + cfg}
+	if svc == nil {
+		return env
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "pgwake.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: admin.Handler(svc), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return env
+}
+
+// runStatusCLI runs the CLI in process with a buffer, not a terminal, as
+// stdout.
+func runStatusCLI(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	root := newRootCommand(&deps{stdout: &stdout, stderr: &stderr, environ: env})
+	root.SetArgs(args)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	if stderr.Len() > 0 {
+		t.Logf("pgwake %s: stderr: %s", strings.Join(args, " "), stderr.String())
+	}
+	return stdout.String(), err
+}
+
+func TestStatusPlainOutput(t *testing.T) {
+	t.Parallel()
+	app := admin.Project{
+		Name: "app", State: "running", Active: 2, Queued: 1, Pinned: true, Wakes: 3,
+		LastWakeMS: 812.5, P95WakeMS: 1420, SleepAfterMS: 600_000, Image: "postgres:17",
+		RecentWakesMS: []float64{1420, 812.5}, URL: "postgres://postgres:pw@127.0.0.1:6432/app",
+	}
+	idle := admin.Project{Name: "idle", State: "running", SleepAfterMS: 600_000, SleepsInMS: 61_500, Image: "postgres:17"}
+	broken := admin.Project{Name: "broken", State: "error", LastError: "no such image", RetryAt: time.Now().Add(time.Minute), Image: "nope:1"}
+	ps := []admin.Project{app, broken, idle}
+	env := serveAdmin(t, statusService{ps: ps})
+
+	ls, err := runStatusCLI(t, env, "ls")
+	if err != nil {
+		t.Fatalf("ls: %v", err)
+	}
+	want := strings.Join([]string{
+		"NAME    STATE                CONNS  QUEUED  WAKES  LAST WAKE  P95 WAKE  SLEEPS IN  IMAGE",
+		"app     running (pinned)     2      1       3      813ms      1.42s     -          postgres:17",
+		"broken  error (backing off)  0      0       0      -          -         -          nope:1",
+		"idle    running              0      0       0      -          -         1m2s       postgres:17",
+		"",
+	}, "\n")
+	if ls != want {
+		t.Errorf("ls printed:\n%s\nwant:\n%s", ls, want)
+	}
+	// status prints the very same table with --once, and when stdout is
+	// not a terminal (here a buffer) without it.
+	for _, args := range [][]string{{"status", "--once"}, {"status"}} {
+		out, err := runStatusCLI(t, env, args...)
+		if err != nil || out != ls {
+			t.Errorf("pgwake %s: err %v, printed:\n%s\nwant what ls printed:\n%s", strings.Join(args, " "), err, out, ls)
+		}
+	}
+
+	lsJSON, err := runStatusCLI(t, env, "ls", "--json")
+	if err != nil {
+		t.Fatalf("ls --json: %v", err)
+	}
+	stJSON, err := runStatusCLI(t, env, "status", "--json")
+	if err != nil || stJSON != lsJSON {
+		t.Errorf("status --json: err %v, printed:\n%s\nwant what ls --json printed:\n%s", err, stJSON, lsJSON)
+	}
+	var got []admin.Project
+	if err := json.Unmarshal([]byte(stJSON), &got); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, stJSON)
+	}
+	if len(got) != 3 || got[0].Name != "app" || got[0].Queued != 1 || !slices.Equal(got[0].RecentWakesMS, app.RecentWakesMS) {
+		t.Errorf("status --json decoded to %+v", got)
+	}
+}
+
+func TestStatusNotRunning(t *testing.T) {
+	t.Parallel()
+	env := serveAdmin(t, nil)
+	for _, args := range [][]string{{"status"}, {"status", "--once"}, {"status", "--json"}} {
+		out, err := runStatusCLI(t, env, args...)
+		if !errors.Is(err, admin.ErrNotRunning) || out != "" {
+			t.Errorf("pgwake %s with no daemon: err %v, stdout %q; want ErrNotRunning and nothing printed",
+				strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// statusTmux is one run of the dashboard in tmux against a real daemon.
+type statusTmux struct {
+	t      *testing.T
+	bin    string   // the pgwake binary
+	dir    string   // state dir: short, for the admin socket
+	env    []string // points pgwake (and tmux's shell) at dir
+	socket string   // tmux -S: a tmux server of our own, its socket in dir
+	docker *client.Client
+}
+
+// TestIntegrationStatusTmux drives `pgwake status` as a user would: in a
+// terminal, with keys, reading the screen, against a real daemon.
+func TestIntegrationStatusTmux(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("integration test needs Docker and tmux; skipped with -short")
+	}
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatal("tmux is not installed (scripts/setup installs it)")
+	}
+	image := testenv.PostgresImage(t)
+	st := &statusTmux{t: t, docker: testenv.DockerClient(t)}
+	st.bin = buildPgwake(t)
+	dir, err := os.MkdirTemp("", "pgw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.dir, st.socket = dir, filepath.Join(dir, "tmux.sock")
+	for _, kv := range os.Environ() {
+		// The user's PGWAKE_* would change the configuration under test;
+		// $TMUX would point tmux at the user's own server.
+		if !strings.HasPrefix(kv, "PGWAKE_") && !strings.HasPrefix(kv, "TMUX") {
+			st.env = append(st.env, kv)
+		}
+	}
+	st.env = append(st.env, "PGWAKE_STATE_DIR="+dir, "PGWAKE_IMAGE="+image, "PGWAKE_BACKEND=docker", "TERM=xterm-256color")
+	t.Cleanup(st.cleanup)
+
+	st.pgwake("up", "-d", "--wait", "--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))
+	st.pgwake("create", "app")
+
+	// The shell line reports how status exited and keeps the pane open.
+	cmd := fmt.Sprintf("%s status 2>%s; echo \"[pgwake status exited $?]\"; exec sleep 3600",
+		shQuote(st.bin), shQuote(filepath.Join(dir, "status.err")))
+	st.tmux("new-session", "-d", "-s", "status", "-x", "100", "-y", "30", cmd)
+
+	appRow := func(state string) func(string) bool {
+		re := regexp.MustCompile(`(?m)^ app +\S+ ` + state + ` `)
+		return func(s string) bool { return re.MatchString(s) }
+	}
+	st.waitScreen("app sleeping", 30*time.Second, appRow("sleeping"))
+	st.tmux("send-keys", "-t", "status", "w")
+	// A first wake runs initdb.
+	s := st.waitScreen("app running after w", 3*time.Minute, appRow("running"))
+	if !strings.Contains(s, "awake in") {
+		t.Errorf("the detail pane does not show the wake event:\n%s", s)
+	}
+
+	// The daemon goes away: the dashboard says so and keeps running.
+	st.pgwake("down", "--volumes")
+	st.waitScreen("the not-running banner", time.Minute, func(s string) bool {
+		return strings.Contains(s, "pgwake is not running — reconnecting…")
+	})
+
+	st.tmux("send-keys", "-t", "status", "q")
+	st.waitScreen("status to exit", 30*time.Second, func(s string) bool {
+		return strings.Contains(s, "[pgwake status exited 0]")
+	})
+}
+
+// buildPgwake builds the pgwake command into a test directory.
+func buildPgwake(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "pgwake")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// pgwake runs the binary with args and requires success.
+func (st *statusTmux) pgwake(args ...string) string {
+	st.t.Helper()
+	start := time.Now()
+	out, err := st.run(3*time.Minute, st.bin, args...)
+	st.t.Logf("$ pgwake %s  # %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		st.t.Fatalf("pgwake %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// tmux runs a tmux command on our own tmux server and requires success.
+func (st *statusTmux) tmux(args ...string) string {
+	st.t.Helper()
+	out, err := st.run(30*time.Second, "tmux", append([]string{"-S", st.socket, "-f", "/dev/null"}, args...)...)
+	if err != nil {
+		st.t.Fatalf("tmux %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (st *statusTmux) run(timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env, cmd.Dir = st.env, st.dir
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// screen is what the status pane shows now.
+func (st *statusTmux) screen() string {
+	st.t.Helper()
+	return st.tmux("capture-pane", "-p", "-t", "status")
+}
+
+// waitScreen polls the pane until cond holds, and returns the screen.
+func (st *statusTmux) waitScreen(what string, timeout time.Duration, cond func(string) bool) string {
+	st.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s := st.screen()
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			st.t.Fatalf("waited %v for %s; the screen is:\n%s", timeout, what, s)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// cleanup ends the tmux server, stops the daemon with its data, and removes
+// whatever containers and volumes of this instance are left.
+func (st *statusTmux) cleanup() {
+	t := st.t
+	if t.Failed() {
+		for _, f := range []string{"status.err", "pgwake.log"} {
+			if data, err := os.ReadFile(filepath.Join(st.dir, f)); err == nil {
+				const max = 8 << 10
+				if len(data) > max {
+					data = data[len(data)-max:]
+				}
+				t.Logf("tail of %s:\n%s", f, data)
+			}
+		}
+	}
+	if out, err := st.run(30*time.Second, "tmux", "-S", st.socket, "kill-server"); err != nil && !strings.Contains(out, "no server running") {
+		t.Logf("tmux kill-server: %v: %s", err, out)
+	}
+	// Already down unless the test failed before its own down.
+	if _, err := os.Stat(filepath.Join(st.dir, "pgwake.sock")); err == nil {
+		if out, err := st.run(3*time.Minute, st.bin, "down", "--volumes"); err != nil {
+			t.Errorf("cleanup: pgwake down --volumes: %v\n%s", err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if inst := st.instance(); inst != "" {
+		f := make(client.Filters).Add("label", "dev.pgwake.instance="+inst)
+		cs, err := st.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+		if err != nil {
+			t.Errorf("cleanup: list containers: %v", err)
+		}
+		for _, c := range cs.Items {
+			t.Logf("cleanup: removing container %s left behind", c.ID)
+			if _, err := st.docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+				t.Errorf("cleanup: remove container %s: %v", c.ID, err)
+			}
+		}
+		vs, err := st.docker.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+		if err != nil {
+			t.Errorf("cleanup: list volumes: %v", err)
+		}
+		for _, v := range vs.Items {
+			t.Logf("cleanup: removing volume %s left behind", v.Name)
+			if _, err := st.docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+				t.Errorf("cleanup: remove volume %s: %v", v.Name, err)
+			}
+		}
+	}
+	if err := os.RemoveAll(st.dir); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}
+
+// instance is the daemon's instance id from state.json, "" if none.
+func (st *statusTmux) instance() string {
+	data, err := os.ReadFile(filepath.Join(st.dir, "state.json"))
+	if err != nil {
+		return ""
+	}
+	var s struct {
+		Instance string `json:"instance"`
+	}
+	if json.Unmarshal(data, &s) != nil {
+		return ""
+	}
+	return s.Instance
+}

@@ -1,0 +1,78 @@
+package tui
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgwake/pgwake/internal/admin"
+)
+
+// WriteTable prints projects as a plain table: no colour, no escape
+// sequences, one line per project under a NAME ... header, for scripts and
+// CI. `pgwake ls` and `pgwake status --once` print this.
+func WriteTable(w io.Writer, ps []admin.Project) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tCONNS\tQUEUED\tWAKES\tLAST WAKE\tP95 WAKE\tSLEEPS IN\tIMAGE")
+	for _, p := range ps {
+		state := p.State
+		if p.Pinned {
+			state += " (pinned)"
+		}
+		if p.LastError != "" && !p.RetryAt.IsZero() {
+			state += " (backing off)"
+		}
+		sleeps := "-"
+		if countingDown(p) {
+			sleeps = formatCountdown(time.Duration(p.SleepsInMS) * time.Millisecond)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Name, state, p.Active, p.Queued, p.Wakes,
+			FormatLatency(p.LastWakeMS), FormatLatency(p.P95WakeMS), sleeps, p.Image)
+	}
+	return tw.Flush()
+}
+
+// WriteJSON prints projects as an indented JSON array of admin.Project.
+func WriteJSON(w io.Writer, ps []admin.Project) error {
+	if ps == nil {
+		ps = []admin.Project{} // [] rather than null for an empty daemon
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(ps)
+}
+
+// FormatLatency formats a wake latency to the millisecond ("1.234s"), "-"
+// for none.
+func FormatLatency(ms float64) string {
+	if ms == 0 {
+		return "-"
+	}
+	return (time.Duration(ms * float64(time.Millisecond))).Round(time.Millisecond).String()
+}
+
+// FormatMillis formats a duration in milliseconds to the second ("9m58s"),
+// "never" for zero (a sleep_after of 0 never sleeps).
+func FormatMillis(ms int64) string {
+	if ms == 0 {
+		return "never"
+	}
+	return (time.Duration(ms) * time.Millisecond).Round(time.Second).String()
+}
+
+// countingDown reports whether p's idle countdown (SleepsInMS) is running:
+// awake, no connections, not pinned, and it sleeps at all.
+func countingDown(p admin.Project) bool {
+	return p.State == "running" && p.Active == 0 && !p.Pinned && p.SleepAfterMS > 0
+}
+
+// formatCountdown formats the time left before an idle project sleeps,
+// rounded up to the second, so it reads "0s" only once it is due.
+func formatCountdown(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	return (d + time.Second - 1).Truncate(time.Second).String()
+}
