@@ -188,7 +188,7 @@ func TestIntegrationCancel(t *testing.T) {
 			deadline := time.Now().Add(30 * time.Second)
 			for time.Now().Before(deadline) {
 				var n int
-				if err := watcher.QueryRow(ctx, "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and pid <> pg_backend_pid()").Scan(&n); err != nil {
+				if err := watcher.QueryRow(ctx, "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active' and pid <> pg_backend_pid()").Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				if n > 0 {
