@@ -220,3 +220,24 @@ func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 	}
 	return os.Chmod(path, mode)
 }
+
+// UpstreamConfig is the client TLS config for connections to project
+// servers: with caFile the servers' certificates are verified against it,
+// without it any certificate is accepted (libpq's sslmode=require).
+func UpstreamConfig(caFile string) (*tls.Config, error) {
+	conf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile == "" {
+		conf.InsecureSkipVerify = true // sslmode=require: encryption without verification, by request
+		return conf, nil
+	}
+	data, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.upstream_ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("tls.upstream_ca: no certificate in %s", caFile)
+	}
+	conf.RootCAs = pool
+	return conf, nil
+}

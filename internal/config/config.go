@@ -71,6 +71,9 @@ type TLSConfig struct {
 	Mode string `yaml:"mode" flag:"tls" usage:"client TLS: on, off, or auto (on when listening beyond loopback)"`
 	Cert string `yaml:"cert" usage:"server certificate (PEM); default: a generated local CA's certificate in <state_dir>/tls"`
 	Key  string `yaml:"key" usage:"server private key (PEM) for tls.cert"`
+	// Upstream TLS: to project servers reached over a network.
+	Upstream   string `yaml:"upstream" usage:"TLS to project servers: off (default; loopback containers) or require"`
+	UpstreamCA string `yaml:"upstream_ca" usage:"with tls.upstream require: verify servers against this CA (PEM) instead of accepting any certificate"`
 }
 
 // TLSOn resolves tls.mode: auto turns TLS on whenever the proxy listens
@@ -102,7 +105,7 @@ func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:6432",
 		Backend:               "auto",
-		TLS:                   TLSConfig{Mode: "auto"},
+		TLS:                   TLSConfig{Mode: "auto", Upstream: "off"},
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
@@ -436,6 +439,14 @@ func (c *Config) Validate() error {
 	case "on", "off", "auto":
 	default:
 		errs = append(errs, fmt.Errorf("tls.mode: %q is not on, off or auto", c.TLS.Mode))
+	}
+	switch c.TLS.Upstream {
+	case "off", "require":
+	default:
+		errs = append(errs, fmt.Errorf("tls.upstream: %q is not off or require", c.TLS.Upstream))
+	}
+	if c.TLS.UpstreamCA != "" && c.TLS.Upstream != "require" {
+		errs = append(errs, errors.New("tls.upstream_ca goes with tls.upstream: require"))
 	}
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
 		errs = append(errs, errors.New("tls.cert and tls.key go together: set both or neither"))

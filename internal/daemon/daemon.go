@@ -112,6 +112,13 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		}
 	}
 
+	var upstreamTLS *tls.Config
+	if cfg.TLS.Upstream == "require" {
+		if upstreamTLS, err = certs.UpstreamConfig(cfg.TLS.UpstreamCA); err != nil {
+			return err
+		}
+	}
+
 	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{}), hub: newHub(), tls: tlsConf}
 	d.metrics = metrics.New(d.Projects)
 	d.srv, err = proxy.New(proxy.Options{
@@ -131,6 +138,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		MaxConns:        cfg.MaxConnections,
 		MaxProjectConns: cfg.MaxProjectConnections,
 		TLS:             tlsConf,
+		UpstreamTLS:     upstreamTLS,
 	})
 	if err != nil {
 		return err

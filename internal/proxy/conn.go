@@ -332,6 +332,13 @@ func (s *Server) tryUpstream(ctx context.Context, addr string, packet []byte) (_
 	if dl, has := ctx.Deadline(); has {
 		_ = up.SetDeadline(dl)
 	}
+	if s.opts.UpstreamTLS != nil {
+		tc, retry, err := startUpstreamTLS(up, s.opts.UpstreamTLS, addr)
+		if err != nil {
+			return nil, nil, retry, err
+		}
+		up = tc
+	}
 	if _, err := up.Write(packet); err != nil {
 		return nil, nil, true, fmt.Errorf("send startup packet: %w", err)
 	}
@@ -356,6 +363,39 @@ func (s *Server) tryUpstream(ctx context.Context, addr string, packet []byte) (_
 	_ = up.SetDeadline(time.Time{})
 	ok = true
 	return up, first, false, nil
+}
+
+// sslRequest is the 8-byte SSLRequest packet.
+var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+
+// startUpstreamTLS negotiates TLS with a Postgres server the libpq way
+// (SSLRequest, 'S', handshake). A server that answers 'N' is refused: the
+// operator asked for TLS. With no RootCAs in conf the certificate is not
+// verified (sslmode=require); with them it is (verify-full).
+func startUpstreamTLS(up net.Conn, conf *tls.Config, addr string) (net.Conn, bool, error) {
+	if _, err := up.Write(sslRequest); err != nil {
+		return nil, true, fmt.Errorf("send SSLRequest: %w", err)
+	}
+	var b [1]byte
+	if n, err := io.ReadFull(up, b[:]); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || isReset(err)) {
+			return nil, true, errors.New("server closed the connection before replying")
+		}
+		return nil, false, fmt.Errorf("read SSLRequest answer: %w", err)
+	}
+	if b[0] != 'S' {
+		return nil, false, fmt.Errorf("server %s does not accept TLS (answered %q) but upstream TLS is required", addr, b[0])
+	}
+	c := conf.Clone()
+	if c.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		c.ServerName = host
+	}
+	tc := tls.Client(up, c)
+	if err := tc.Handshake(); err != nil {
+		return nil, false, fmt.Errorf("upstream TLS handshake: %w", err)
+	}
+	return tc, false, nil
 }
 
 // keepReason keeps the backend's own reason (57P03's message, say) over

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -325,4 +326,71 @@ func (b *byteWriter) Write(p []byte) (int, error) {
 		time.Sleep(time.Millisecond)
 	}
 	return len(p), nil
+}
+
+// TestIntegrationUpstreamTLS: with upstream TLS required the proxy speaks
+// TLS to the project's server, verifying it against a CA. It runs on the
+// local backend, whose server configuration the test can change (ssl=on).
+func TestIntegrationUpstreamTLS(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		lk, ok := k.(*localKit)
+		if !ok {
+			t.Skip("needs a server the test can configure for TLS: the local backend")
+		}
+		certDir := t.TempDir()
+		if _, err := certs.ServerConfig(certDir, "", "", nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		upstream, err := certs.UpstreamConfig(certs.CAPath(certDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{UpstreamTLS: upstream}})
+		spec := h.addProject("tlsup", backend.SleepStop, 0)
+		plain := h.addProject("plainup", backend.SleepStop, 0)
+
+		// ssl=on with a certificate from the same CA, owned by the server's
+		// user as Postgres requires.
+		data := filepath.Join(lk.root(h), "tlsup", "data")
+		fi, err := os.Stat(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		for src, dst := range map[string]string{"server.pem": "server.crt", "server-key.pem": "server.key"} {
+			b, err := os.ReadFile(filepath.Join(certs.Dir(certDir), src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(data, dst)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(p, int(st.Uid), int(st.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString("ssl = on\n")
+		f.Close()
+
+		conn := h.connect(t.Context(), spec)
+		var ssl bool
+		if err := conn.QueryRow(t.Context(), "select ssl from pg_stat_ssl where pid = pg_backend_pid()").Scan(&ssl); err != nil {
+			t.Fatal(err)
+		}
+		if !ssl {
+			t.Fatal("the proxy's connection to the server is not encrypted")
+		}
+
+		// A server without TLS is refused, with the reason.
+		_, err = pgx.Connect(t.Context(), h.url(plain))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "does not accept TLS") {
+			t.Fatalf("connect to a plaintext server with upstream TLS required: %v", err)
+		}
+	})
 }

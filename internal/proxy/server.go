@@ -42,6 +42,9 @@ type Options struct {
 	// TLS, if set, is offered to clients (SSLRequest answered 'S', direct
 	// TLS accepted); nil answers 'N'.
 	TLS *tls.Config
+	// UpstreamTLS, if set, is required on connections to project servers
+	// (for servers reached over a network); nil connects in plaintext.
+	UpstreamTLS *tls.Config
 
 	// Hooks, called without locks held; all optional. OnChange follows any
 	// change of a project's state or counts; OnWake every finished wake;
