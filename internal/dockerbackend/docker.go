@@ -62,6 +62,12 @@ type Backend struct {
 	cli      *client.Client
 	instance string
 	log      *slog.Logger
+
+	// localIPs are this host's interface addresses. A container whose
+	// network gateway is one of them sits on a bridge of this host, so the
+	// proxy can dial its own address and skip Docker's userland port proxy
+	// (a copy through one more process on every packet).
+	localIPs map[netip.Addr]bool
 }
 
 var (
@@ -99,7 +105,21 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if inst == "" {
 		inst = "default"
 	}
-	return &Backend{cli: cli, instance: inst, log: log}, nil
+	return &Backend{cli: cli, instance: inst, log: log, localIPs: interfaceAddrs()}, nil
+}
+
+func interfaceAddrs() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return out
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out
 }
 
 // Name implements backend.Backend.
@@ -292,14 +312,14 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (string, error) 
 		return "", fmt.Errorf("inspect container %q: %w", name, err)
 	default:
 		c := res.Container
-		if st := containerStatus(c); st.State == backend.StateRunning {
+		if st := b.containerStatus(c); st.State == backend.StateRunning {
 			return st.Addr, nil
 		} else if st.State == backend.StatePaused {
 			if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
 				return "", fmt.Errorf("unpause container %q: %w", name, err)
 			}
-			// Published ports survive a pause: no second inspect.
-			if addr := publishedAddr(c); addr != "" {
+			// Addresses survive a pause: no second inspect.
+			if addr := b.dialAddr(c); addr != "" {
 				return addr, nil
 			}
 			break
@@ -358,23 +378,37 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 	if err != nil {
 		return backend.Status{}, fmt.Errorf("inspect container %q: %w", name, err)
 	}
-	st := containerStatus(res.Container)
+	st := b.containerStatus(res.Container)
 	if st.State == backend.StateRunning && st.Addr == "" {
 		return backend.Status{}, fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
 	}
 	return st, nil
 }
 
-func containerStatus(c container.InspectResponse) backend.Status {
+func (b *Backend) containerStatus(c container.InspectResponse) backend.Status {
 	switch {
 	case c.State == nil:
 		return backend.Status{State: backend.StateStopped}
 	case c.State.Paused:
 		return backend.Status{State: backend.StatePaused}
 	case c.State.Running:
-		return backend.Status{State: backend.StateRunning, Addr: publishedAddr(c)}
+		return backend.Status{State: backend.StateRunning, Addr: b.dialAddr(c)}
 	}
 	return backend.Status{State: backend.StateStopped}
+}
+
+// dialAddr is where the proxy connects: the container's own address when
+// it is on a bridge of this host (Linux with a local engine), else the
+// port published on 127.0.0.1 (Docker Desktop, remote or rootless engines).
+func (b *Backend) dialAddr(c container.InspectResponse) string {
+	if c.NetworkSettings != nil {
+		for _, ep := range c.NetworkSettings.Networks {
+			if ep != nil && ep.IPAddress.IsValid() && b.localIPs[ep.Gateway.Unmap()] {
+				return net.JoinHostPort(ep.IPAddress.String(), "5432")
+			}
+		}
+	}
+	return publishedAddr(c)
 }
 
 // publishedAddr is the loopback address Docker published 5432 on.
