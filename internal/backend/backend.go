@@ -52,6 +52,15 @@ const (
 	StateRunning State = "running"
 )
 
+// Endpoint is where a started server is dialled.
+type Endpoint struct {
+	Addr string // host:port
+	// Serving is set when the runtime knows Postgres already serves: it
+	// resumed a server that was serving when it was paused. The proxy then
+	// skips its readiness probe (clients still peek at the first reply).
+	Serving bool
+}
+
 // Status is a server's observed state and, when running, where to dial it.
 type Status struct {
 	State State
@@ -71,7 +80,7 @@ type Backend interface {
 	// spec when missing or drifted (as Ensure), and returns the address to
 	// dial. It returns once the runtime reports the server running; the
 	// proxy then waits until Postgres itself serves.
-	Start(ctx context.Context, spec Spec) (addr string, err error)
+	Start(ctx context.Context, spec Spec) (Endpoint, error)
 	// Sleep stops or pauses the server. Stop uses Postgres fast shutdown.
 	Sleep(ctx context.Context, spec Spec, mode SleepMode) error
 	// Status reports the server's current state.

@@ -300,45 +300,45 @@ func (b *Backend) ensureImage(ctx context.Context, ref string) error {
 // Docker reports the container running; Postgres may still be booting.
 // The common paths cost one inspect plus the start or unpause itself, since
 // every millisecond here is on a waiting client's clock.
-func (b *Backend) Start(ctx context.Context, spec backend.Spec) (string, error) {
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
 	name := b.ContainerName(spec.Name)
 	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
 	switch {
 	case cerrdefs.IsNotFound(err):
 		if err := b.create(ctx, spec); err != nil {
-			return "", err
+			return backend.Endpoint{}, err
 		}
 	case err != nil:
-		return "", fmt.Errorf("inspect container %q: %w", name, err)
+		return backend.Endpoint{}, fmt.Errorf("inspect container %q: %w", name, err)
 	default:
 		c := res.Container
 		if st := b.containerStatus(c); st.State == backend.StateRunning {
-			return st.Addr, nil
+			return backend.Endpoint{Addr: st.Addr}, nil
 		} else if st.State == backend.StatePaused {
 			if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
-				return "", fmt.Errorf("unpause container %q: %w", name, err)
+				return backend.Endpoint{}, fmt.Errorf("unpause container %q: %w", name, err)
 			}
 			// Addresses survive a pause: no second inspect.
 			if addr := b.dialAddr(c); addr != "" {
-				return addr, nil
+				return backend.Endpoint{Addr: addr, Serving: true}, nil
 			}
 			break
 		}
 		if err := b.Ensure(ctx, spec); err != nil { // stopped: recreate if drifted
-			return "", err
+			return backend.Endpoint{}, err
 		}
 	}
 	if _, err := b.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
-		return "", fmt.Errorf("start container %q: %w", name, err)
+		return backend.Endpoint{}, fmt.Errorf("start container %q: %w", name, err)
 	}
 	st, err := b.Status(ctx, spec)
 	if err != nil {
-		return "", err
+		return backend.Endpoint{}, err
 	}
 	if st.State != backend.StateRunning {
-		return "", fmt.Errorf("container %q is %s right after start (see pgwake logs %s)", name, st.State, spec.Name)
+		return backend.Endpoint{}, fmt.Errorf("container %q is %s right after start (see pgwake logs %s)", name, st.State, spec.Name)
 	}
-	return st.Addr, nil
+	return backend.Endpoint{Addr: st.Addr}, nil
 }
 
 // Sleep implements backend.Backend.

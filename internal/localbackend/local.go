@@ -312,27 +312,27 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 
 // Start implements backend.Backend: pg_ctl start without waiting; the
 // proxy's readiness probe does the waiting, at a finer grain.
-func (b *Backend) Start(ctx context.Context, spec backend.Spec) (string, error) {
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
 	defer b.lock(spec.Name)()
 	if err := b.ensureLocked(ctx, spec); err != nil {
-		return "", err
+		return backend.Endpoint{}, err
 	}
 	if _, port, ok := b.pidFile(spec.Name); ok {
-		return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+		return backend.Endpoint{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}, nil
 	}
 	port, err := b.port(spec.Name)
 	if err != nil {
-		return "", err
+		return backend.Endpoint{}, err
 	}
 	logf := b.LogFile(spec.Name)
 	if err := b.touchOwned(logf); err != nil {
-		return "", err
+		return backend.Endpoint{}, err
 	}
 	opts := fmt.Sprintf("-p %d -k %s", port, b.sockDir(spec.Name))
 	if err := b.run(b.command(ctx, "pg_ctl", "start", "-W", "-D", b.dataDir(spec.Name), "-l", logf, "-o", opts)); err != nil {
-		return "", fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, logf)
+		return backend.Endpoint{}, fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, logf)
 	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
+	return backend.Endpoint{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}, nil
 }
 
 func (b *Backend) touchOwned(path string) error {

@@ -242,14 +242,17 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 }
 
 func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (string, error) {
-	addr, err := p.srv.opts.Backend.Start(ctx, spec)
+	ep, err := p.srv.opts.Backend.Start(ctx, spec)
 	if err != nil {
 		return "", err
 	}
-	if err := p.srv.waitReady(ctx, spec, addr); err != nil {
+	if ep.Serving {
+		return ep.Addr, nil
+	}
+	if err := p.srv.waitReady(ctx, spec, ep.Addr); err != nil {
 		return "", err
 	}
-	return addr, nil
+	return ep.Addr, nil
 }
 
 // maybeSleep puts the project to sleep if it has been idle long enough. The

@@ -112,11 +112,11 @@ func (b *addrBackend) Name() string                                     { return
 func (b *addrBackend) Ensure(context.Context, backend.Spec) error       { return nil }
 func (b *addrBackend) Remove(context.Context, backend.Spec, bool) error { return nil }
 func (b *addrBackend) Close() error                                     { return nil }
-func (b *addrBackend) Start(context.Context, backend.Spec) (string, error) {
+func (b *addrBackend) Start(context.Context, backend.Spec) (backend.Endpoint, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running = true
-	return b.addr, nil
+	return backend.Endpoint{Addr: b.addr}, nil
 }
 func (b *addrBackend) Sleep(context.Context, backend.Spec, backend.SleepMode) error {
 	b.mu.Lock()

@@ -1,0 +1,475 @@
+#!/usr/bin/env bash
+# pgwake benchmark: throughput (pgbench -S) direct vs pgwake vs PgBouncer,
+# connect-per-transaction, cold-wake latency (stop and pause) and the
+# daemon's memory, all in one run. See bench/README.md.
+#
+# Usage: bench/run.sh          (as root or a user in the docker group)
+# Tunables (environment): BENCH_DURATION (s per pgbench run, default 8),
+# BENCH_ROUNDS (3), BENCH_CLIENTS ("1 10 50"), BENCH_WAKES (psql-timed wakes
+# per sleep mode, 20), BENCH_GO_WAKES (firstrow-timed wakes per mode, 10),
+# BENCH_CONNS (500), BENCH_SCALE (10), PGWAKETEST_IMAGE, BENCH_KEEP=1 keeps
+# the work directory.
+#
+# Prints a markdown table and writes it to bench/results.md. Everything it
+# starts (pgwake, its containers and volumes, pgbouncer, helpers) is removed
+# on exit, also on failure or Ctrl-C.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+
+DURATION="${BENCH_DURATION:-8}"
+ROUNDS="${BENCH_ROUNDS:-3}"
+CLIENTS="${BENCH_CLIENTS:-1 10 50}"
+WAKES="${BENCH_WAKES:-20}"
+GOWAKES="${BENCH_GO_WAKES:-10}"
+NCONNS="${BENCH_CONNS:-500}"
+SCALE="${BENCH_SCALE:-10}"
+IMAGE="${PGWAKETEST_IMAGE:-pgwake-test/postgres:15}"
+PROJECT=bench    # stop mode: throughput, connections, wake from stop
+PPROJECT=benchp  # pause mode: wake from pause
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- tools ------------------------------------------------------------------
+
+# Debian's /usr/bin/psql and pgbench are a Perl wrapper (pg_wrapper) that
+# costs ~100 ms per start; call the real binaries.
+pgbin=""
+for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+	if [[ -x "$d/pgbench" && -x "$d/psql" ]]; then pgbin="$d"; break; fi
+done
+PSQL="${pgbin:+$pgbin/}psql"
+PGBENCH="${pgbin:+$pgbin/}pgbench"
+for t in "$PSQL" "$PGBENCH" pgbouncer docker go jq curl; do
+	command -v "$t" >/dev/null || die "$t not found (apt-get install postgresql-client pgbouncer jq curl; docker; go)"
+done
+
+# --- state and clean-up -------------------------------------------------------
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/pgwake-bench.XXXXXX")"
+chmod 755 "$work" # pgbouncer runs as nobody when we are root
+# pgwake reads ./pgwake.yaml and every PGWAKE_* variable: run it from the
+# work directory with only the settings below.
+cd "$work"
+for v in $(compgen -e | grep '^PGWAKE_' || true); do unset "$v"; done
+export PGWAKE_STATE_DIR="$work/state"
+export PGWAKE_IMAGE="$IMAGE"
+PGWAKE="$work/pgwake"
+instance=""
+bouncer_pid=""
+holder_pid=""
+daemon_pid=""
+
+cleanup() {
+	local rc=$?
+	set +e
+	trap - EXIT INT TERM
+	if [[ -n "$holder_pid" ]]; then
+		exec 7>&- 2>/dev/null
+		kill "$holder_pid" 2>/dev/null
+		wait "$holder_pid" 2>/dev/null
+	fi
+	if [[ -n "$bouncer_pid" ]]; then
+		kill "$bouncer_pid" 2>/dev/null
+		wait "$bouncer_pid" 2>/dev/null
+	fi
+	if [[ -x "$PGWAKE" && -S "$PGWAKE_STATE_DIR/pgwake.sock" ]]; then
+		timeout 120 "$PGWAKE" down --timeout 100s >/dev/null 2>&1
+	fi
+	if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
+		kill "$daemon_pid" 2>/dev/null
+	fi
+	if [[ -z "$instance" && -f "$PGWAKE_STATE_DIR/state.json" ]]; then
+		instance="$(jq -r '.instance // empty' "$PGWAKE_STATE_DIR/state.json" 2>/dev/null)"
+	fi
+	if [[ -n "$instance" ]]; then
+		local ids vols
+		ids="$(docker ps -aq --filter "label=dev.pgwake.instance=$instance")"
+		[[ -n "$ids" ]] && docker rm -f -v $ids >/dev/null
+		vols="$(docker volume ls -q --filter "label=dev.pgwake.instance=$instance")"
+		[[ -n "$vols" ]] && docker volume rm -f $vols >/dev/null
+	fi
+	if [[ $rc -ne 0 || -n "${BENCH_KEEP:-}" ]]; then
+		log "work directory kept: $work (pgwake.log under state/)"
+	else
+		rm -rf "$work"
+	fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- helpers ------------------------------------------------------------------
+
+# free_port prints a TCP port on 127.0.0.1 nobody listens on (below Docker's
+# ephemeral range, which it uses for published ports).
+free_port() {
+	local p i
+	for i in $(seq 200); do
+		p=$((20000 + RANDOM % 10000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return
+		fi
+	done
+	die "no free port"
+}
+
+# median and p95 (nearest rank) of the numbers on stdin.
+median() { { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "nan"; exit} if(NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+p95() { { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "nan"; exit} i=int(NR*0.95); if(i<NR*0.95) i++; if(i<1) i=1; print a[i]}'; }
+num() { [[ "$1" =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; }
+fmt0() { if num "$1"; then awk -v x="$1" 'BEGIN{printf "%.0f", x}'; else echo n/a; fi; }
+fmt1() { if num "$1"; then awk -v x="$1" 'BEGIN{printf "%.1f", x}'; else echo n/a; fi; }
+ratio() { if num "$1" && num "$2"; then awk -v a="$1" -v b="$2" 'BEGIN{if(b>0) printf "%.2f", a/b; else print "n/a"}'; else echo n/a; fi; }
+now_ms() { local t="$EPOCHREALTIME"; echo "${t/./}" | awk '{printf "%.3f", $1/1000}'; }
+
+state_of() { "$PGWAKE" ls --json | jq -r --arg n "$1" '.[] | select(.name == $n) | .state'; }
+last_wake_of() { "$PGWAKE" ls --json | jq -r --arg n "$1" '.[] | select(.name == $n) | .last_wake_ms'; }
+
+container_of() { echo "pgwake-$instance-$1"; }
+direct_port() { docker port "$(container_of "$1")" 5432/tcp | grep -m1 '^127\.0\.0\.1:' | sed 's/.*://'; }
+
+# sleep_project NAME: put it to sleep (retrying while the last client's
+# connection is still being released) and wait until ls shows sleeping.
+sleep_project() {
+	local i
+	for i in $(seq 100); do
+		if "$PGWAKE" sleep "$1" >/dev/null 2>"$work/sleep.err"; then break; fi
+		[[ $i -eq 100 ]] && die "pgwake sleep $1: $(cat "$work/sleep.err")"
+		sleep 0.05
+	done
+	for i in $(seq 600); do
+		[[ "$(state_of "$1")" == sleeping ]] && return
+		sleep 0.05
+	done
+	die "$1 did not reach state sleeping"
+}
+
+rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# --- set-up -------------------------------------------------------------------
+
+log "building pgwake and the bench helpers"
+(cd "$root" && go build -o "$work/pgwake" ./cmd/pgwake &&
+	go build -o "$work/conns" ./bench/conns &&
+	go build -o "$work/firstrow" ./bench/firstrow)
+
+if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+	log "building $IMAGE"
+	"$root/testdata/postgres-image/build.sh" "$IMAGE" >/dev/null
+fi
+
+port="$(free_port)"
+log "starting pgwake on 127.0.0.1:$port (state $PGWAKE_STATE_DIR)"
+"$PGWAKE" up -d --wait --listen "127.0.0.1:$port" --sleep-after 0 \
+	--max-connections 2000 --max-project-connections 1000 2>/dev/null
+instance="$(jq -r .instance "$PGWAKE_STATE_DIR/state.json")"
+daemon_pid="$(curl -sf --unix-socket "$PGWAKE_STATE_DIR/pgwake.sock" http://x/v1/info | jq -r .pid)"
+[[ "$daemon_pid" =~ ^[0-9]+$ ]] || die "no daemon pid from the admin API"
+rss_start="$(rss_kib "$daemon_pid")"
+
+URL="$("$PGWAKE" create "$PROJECT" --sleep-mode stop --sleep-after 0 2>/dev/null)"
+PURL="$("$PGWAKE" create "$PPROJECT" --sleep-mode pause --sleep-after 0 2>/dev/null)"
+password="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .password' "$PGWAKE_STATE_DIR/state.json")"
+pguser="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .user' "$PGWAKE_STATE_DIR/state.json")"
+
+log "first wake of $PROJECT and $PPROJECT (initdb)"
+"$PGWAKE" wake "$PROJECT" 2>/dev/null
+"$PGWAKE" wake "$PPROJECT" 2>/dev/null
+
+log "max_connections=$((NCONNS + 100)) on $PROJECT, restart"
+docker exec "$(container_of "$PROJECT")" sh -c \
+	'PATH="$PATH:$(ls -d /usr/lib/postgresql/*/bin | tail -n1)"; psql -qAt -U postgres -d postgres -c "alter system set max_connections = '"$((NCONNS + 100))"'"' >/dev/null
+sleep_project "$PROJECT"
+"$PGWAKE" wake "$PROJECT" 2>/dev/null
+got="$("$PSQL" "$URL" -Atc 'show max_connections')"
+[[ "$got" == "$((NCONNS + 100))" ]] || die "max_connections is $got after restart"
+
+dport="$(direct_port "$PROJECT")"
+DURL="postgres://$pguser:$password@127.0.0.1:$dport/$PROJECT?sslmode=disable"
+
+log "pgbench -i -s $SCALE"
+"$PGBENCH" -i -q -s "$SCALE" "$DURL" >"$work/pgbench-init.log" 2>&1 || { cat "$work/pgbench-init.log" >&2; die "pgbench -i failed"; }
+
+log "starting pgbouncer (session mode) in front of 127.0.0.1:$dport"
+bport="$(free_port)"
+mkdir -p "$work/pgbouncer"
+chmod 755 "$work/pgbouncer"
+printf '"%s" "%s"\n' "$pguser" "$password" >"$work/pgbouncer/userlist.txt"
+cat >"$work/pgbouncer/pgbouncer.ini" <<EOF
+[databases]
+$PROJECT = host=127.0.0.1 port=$dport dbname=$PROJECT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bport
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $work/pgbouncer/userlist.txt
+pool_mode = session
+max_client_conn = 2000
+default_pool_size = 200
+server_tls_sslmode = disable
+client_tls_sslmode = disable
+log_connections = 0
+log_disconnections = 0
+EOF
+chmod 644 "$work/pgbouncer/"*
+bouncer_args=()
+[[ "$(id -u)" == 0 ]] && bouncer_args=(-u nobody)
+pgbouncer "${bouncer_args[@]}" "$work/pgbouncer/pgbouncer.ini" >"$work/pgbouncer/pgbouncer.log" 2>&1 &
+bouncer_pid=$!
+BURL="postgres://$pguser:$password@127.0.0.1:$bport/$PROJECT?sslmode=disable"
+for i in $(seq 100); do
+	if "$PSQL" "$BURL" -Atc 'select 1' >/dev/null 2>&1; then break; fi
+	kill -0 "$bouncer_pid" 2>/dev/null || { cat "$work/pgbouncer/pgbouncer.log" >&2; die "pgbouncer exited"; }
+	[[ $i -eq 100 ]] && { cat "$work/pgbouncer/pgbouncer.log" >&2; die "pgbouncer does not serve"; }
+	sleep 0.1
+done
+"$PSQL" "$URL" -Atc 'select 1' >/dev/null || die "pgwake does not serve"
+
+declare -A TURL=([direct]="$DURL" [pgwake]="$URL" [pgbouncer]="$BURL")
+declare -A TPS_PID=([pgwake]="$daemon_pid" [pgbouncer]="$bouncer_pid")
+hz="$(getconf CLK_TCK)"
+
+# run_pgbench TARGET CLIENTS [extra args]: prints "tps cpu_percent
+# cpu_us_per_transaction", the last two for the proxy process ("-" direct).
+# pgbench's -T clock includes opening the clients' connections (SCRAM, a new
+# backend each: seconds for 50 clients on a busy 2-CPU machine) while its
+# tps excludes that time, so -T gets one extra second per 10 clients to keep
+# about DURATION seconds of measurement. A run that completed no
+# transaction at all (connecting took the whole -T) prints "nan".
+run_pgbench() {
+	local target="$1" c="$2"
+	shift 2
+	local j=$((c < 2 ? c : 2)) out tps n pid="${TPS_PID[$target]:-}" t0=0 t1=0 cpu="nan" us="nan"
+	local secs=$((DURATION + (c + 9) / 10))
+	[[ " $* " == *" -C "* ]] && secs="$DURATION"
+	[[ -n "$pid" ]] && t0="$(cpu_ticks "$pid")"
+	out="$("$PGBENCH" -n -S -c "$c" -j "$j" -T "$secs" "$@" "${TURL[$target]}" 2>&1)" ||
+		{ echo "$out" >&2; die "pgbench $target -c $c failed"; }
+	[[ -n "$pid" ]] && t1="$(cpu_ticks "$pid")"
+	tps="$(echo "$out" | awk '/^tps = /{print $3; exit}')"
+	n="$(echo "$out" | awk -F': ' '/^number of transactions actually processed/{print $2; exit}')"
+	if [[ "$n" == 0 ]]; then
+		log "warning: pgbench $target -c $c completed no transaction in ${secs}s (connecting took it all)"
+		echo "nan nan nan"
+		return
+	fi
+	[[ -n "$tps" && -n "$n" ]] || { echo "$out" >&2; die "no tps in pgbench output"; }
+	if [[ -n "$pid" ]]; then
+		cpu="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v s="$secs" 'BEGIN{printf "%.0f", 100*d/hz/s}')"
+		us="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN{printf "%.0f", 1e6*d/hz/n}')"
+	fi
+	echo "$tps $cpu $us"
+}
+
+# --- 1. select-only throughput --------------------------------------------------
+
+targets=(direct pgwake pgbouncer)
+declare -A TPS CPU CPUTX
+loadavg() { cut -d' ' -f1 /proc/loadavg; }
+load_start="$(loadavg)"
+for r in $(seq "$ROUNDS"); do
+	for c in $CLIENTS; do
+		# Rotate the order every round and client count so no target always
+		# runs first (or last) on a warm cache.
+		for k in 0 1 2; do
+			t="${targets[$(((k + r + c) % 3))]}"
+			read -r tps cpu us < <(run_pgbench "$t" "$c")
+			log "round $r  -c $c  $t: $tps tps$([[ $t == direct ]] || echo " ($t CPU ${cpu}%, ${us} us/tx)"); load $(loadavg)"
+			TPS[$t,$c]+="$tps "
+			CPU[$t,$c]+="$cpu "
+			CPUTX[$t,$c]+="$us "
+		done
+	done
+done
+
+# --- 2. connect per transaction ---------------------------------------------------
+
+declare -A CTPS
+CUS=""
+for r in $(seq "$ROUNDS"); do
+	for k in 0 1; do
+		t=$([[ $(((k + r) % 2)) == 0 ]] && echo direct || echo pgwake)
+		read -r tps cpu us < <(run_pgbench "$t" 10 -C)
+		log "round $r  -C -c 10  $t: $tps tps$([[ $t == direct ]] || echo " ($t CPU ${cpu}%, ${us} us/tx)"); load $(loadavg)"
+		CTPS[$t]+="$tps "
+		if [[ $t == pgwake ]]; then CUS+="$us "; fi
+	done
+done
+
+load_end="$(loadavg)"
+kill "$bouncer_pid" 2>/dev/null || true
+wait "$bouncer_pid" 2>/dev/null || true
+bouncer_pid=""
+
+# --- 3. cold wakes ------------------------------------------------------------------
+
+# Warm baselines: the same clients against an awake project.
+"$work/firstrow" -url "$URL" -n 3 >/dev/null
+warm_go="$("$work/firstrow" -url "$URL" -n "$WAKES" | median)"
+warm_psql_all=""
+for i in $(seq "$WAKES"); do
+	s="$(now_ms)"
+	"$PSQL" "$URL" -Atc 'select 1' >/dev/null
+	e="$(now_ms)"
+	warm_psql_all+="$(awk -v a="$s" -v b="$e" 'BEGIN{printf "%.3f", b-a}') "
+done
+warm_psql="$(echo $warm_psql_all | tr ' ' '\n' | median)"
+log "warm connect+select 1: firstrow ${warm_go} ms, psql ${warm_psql} ms"
+
+# wake_series NAME URL: WAKES wakes timed around psql and GOWAKES timed
+# by firstrow, interleaved; sets W_PSQL, W_GO (client-side ms) and W_SRV
+# (pgwake's own wake time as ls --json reports it, ms).
+wake_series() {
+	local name="$1" url="$2" i s e ms srv np=0 ng=0 client
+	W_PSQL="" W_GO="" W_SRV=""
+	for i in $(seq $((WAKES + GOWAKES))); do
+		# Spread the firstrow wakes evenly among the psql ones.
+		if ((ng < GOWAKES && (np >= WAKES || ng * (WAKES + GOWAKES) < i * GOWAKES - GOWAKES / 2))); then
+			client=firstrow
+		else
+			client=psql
+		fi
+		sleep_project "$name"
+		if [[ $client == psql ]]; then
+			s="$(now_ms)"
+			"$PSQL" "$url" -Atc 'select 1' >/dev/null
+			e="$(now_ms)"
+			ms="$(awk -v a="$s" -v b="$e" 'BEGIN{printf "%.3f", b-a}')"
+			W_PSQL+="$ms "
+			np=$((np + 1))
+		else
+			ms="$("$work/firstrow" -url "$url")"
+			W_GO+="$ms "
+			ng=$((ng + 1))
+		fi
+		srv="$(last_wake_of "$name")"
+		W_SRV+="$srv "
+		log "wake $name #$i ($client): $ms ms (pgwake's wake: $srv ms)"
+	done
+}
+
+stat_of() { echo $1 | tr ' ' '\n' | $2; }
+
+log "wakes from stop ($PROJECT)"
+wake_series "$PROJECT" "$URL"
+S_PSQL="$W_PSQL" S_GO="$W_GO" S_SRV="$W_SRV"
+log "wakes from pause ($PPROJECT)"
+wake_series "$PPROJECT" "$PURL"
+P_PSQL="$W_PSQL" P_GO="$W_GO" P_SRV="$W_SRV"
+
+# --- 4. memory with N open connections ----------------------------------------------
+
+"$PGWAKE" wake "$PROJECT" 2>/dev/null
+sleep 2
+rss_before="$(rss_kib "$daemon_pid")"
+log "opening $NCONNS connections through pgwake (RSS before: $rss_before KiB)"
+mkfifo "$work/holder.in"
+"$work/conns" -url "$URL" -n "$NCONNS" <"$work/holder.in" >"$work/holder.out" 2>"$work/holder.err" &
+holder_pid=$!
+exec 7>"$work/holder.in"
+for i in $(seq 1800); do
+	grep -q '^ready' "$work/holder.out" 2>/dev/null && break
+	kill -0 "$holder_pid" 2>/dev/null || { cat "$work/holder.err" >&2; die "conns failed"; }
+	[[ $i -eq 1800 ]] && die "conns not ready after 180 s"
+	sleep 0.1
+done
+open_secs="$(awk '{print $3}' "$work/holder.out")"
+active="$("$PGWAKE" ls --json | jq -r --arg n "$PROJECT" '.[] | select(.name == $n) | .active')"
+sleep 2
+rss_conns="$(rss_kib "$daemon_pid")"
+fds="$(ls "/proc/$daemon_pid/fd" | wc -l)"
+threads="$(awk '/^Threads:/{print $2}' "/proc/$daemon_pid/status")"
+log "$active connections open (in ${open_secs}s): RSS $rss_conns KiB, $fds fds, $threads threads"
+exec 7>&-
+wait "$holder_pid" || die "conns exited with an error"
+holder_pid=""
+per_conn="$(awk -v a="$rss_conns" -v b="$rss_before" -v n="$NCONNS" 'BEGIN{printf "%.1f", (a-b)/n}')"
+
+# --- report ------------------------------------------------------------------------
+
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$root" status --porcelain -- . ':!bench' 2>/dev/null)" ]]; then
+	commit+=" (working tree has uncommitted changes outside bench/)"
+fi
+pass() { awk -v x="$1" -v op="$2" -v y="$3" 'BEGIN{ok = (op == "<") ? (x < y) : (x >= y); print ok ? "yes" : "**no**"}'; }
+
+report="$work/results.md"
+{
+	echo "# pgwake benchmark results"
+	echo
+	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+	echo "- machine: $(nproc) CPUs ($(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)), $(awk '/^MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r)"
+	echo "- commit: $commit"
+	echo "- Postgres: $("$PSQL" "$URL" -Atc 'show server_version') in Docker $(docker version --format '{{.Server.Version}}') ($IMAGE), $(pgbouncer --version | head -n1), $("$PGBENCH" --version)"
+	echo "- runs: ${DURATION}s each, $ROUNDS rounds, targets alternating; values are medians; pgbench -i -s $SCALE"
+	echo "- 1-minute load average: $load_start before the pgbench runs (sections 1 and 2), $load_end after them (the benchmark's own clients and backends count in it, up to ~50 during the 50-client runs; a high value before the runs means other work shared the CPUs)"
+	echo
+	echo "## 1. pgbench -S (select-only) throughput, TPS"
+	echo
+	echo "| clients | direct | pgwake | pgbouncer (session) | pgwake/direct | pgwake/pgbouncer | CPU pgwake / pgbouncer | CPU µs per tx pgwake / pgbouncer | target met |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|---:|:--|"
+	for c in $CLIENTS; do
+		d="$(stat_of "${TPS[direct,$c]}" median)"
+		w="$(stat_of "${TPS[pgwake,$c]}" median)"
+		b="$(stat_of "${TPS[pgbouncer,$c]}" median)"
+		wc="$(stat_of "${CPU[pgwake,$c]}" median)"
+		bc="$(stat_of "${CPU[pgbouncer,$c]}" median)"
+		wu="$(stat_of "${CPUTX[pgwake,$c]}" median)"
+		bu="$(stat_of "${CPUTX[pgbouncer,$c]}" median)"
+		if [[ "$c" == 1 ]]; then
+			ok="(no target)"
+		else
+			ok="$(awk -v w="$w" -v d="$d" -v b="$b" 'BEGIN{print (w >= b && w >= 0.85*d) ? "yes" : "**no**"}')"
+		fi
+		echo "| $c | $(fmt0 "$d") | $(fmt0 "$w") | $(fmt0 "$b") | $(ratio "$w" "$d") | $(ratio "$w" "$b") | $(fmt0 "$wc")% / $(fmt0 "$bc")% | $(fmt0 "$wu") / $(fmt0 "$bu") | $ok |"
+	done
+	echo
+	echo "All runs (TPS, in run order per target):"
+	echo
+	for c in $CLIENTS; do
+		echo "- $c clients: direct ${TPS[direct,$c]% }; pgwake ${TPS[pgwake,$c]% }; pgbouncer ${TPS[pgbouncer,$c]% }"
+	done
+	echo
+	echo "## 2. Connect per transaction (pgbench -S -C, 10 clients), TPS"
+	echo
+	cd_="$(stat_of "${CTPS[direct]}" median)"
+	cw="$(stat_of "${CTPS[pgwake]}" median)"
+	echo "| direct | pgwake | pgwake/direct | pgwake CPU µs per connection (+1 select) |"
+	echo "|---:|---:|---:|---:|"
+	echo "| $(fmt0 "$cd_") | $(fmt0 "$cw") | $(ratio "$cw" "$cd_") | $(fmt0 "$(stat_of "$CUS" median)") |"
+	echo
+	echo "All runs: direct ${CTPS[direct]% }; pgwake ${CTPS[pgwake]% }"
+	echo
+	echo "## 3. Cold wake to the first row of SELECT 1, ms ($WAKES wakes timed around psql and $GOWAKES by firstrow, per sleep mode)"
+	echo
+	echo "| sleep mode | firstrow median | firstrow p95 | firstrow minus warm | psql median | psql p95 | psql minus warm | pgwake's own wake, median / p95 | target (firstrow median) | met |"
+	echo "|:--|---:|---:|---:|---:|---:|---:|---:|---:|:--|"
+	for m in stop pause; do
+		if [[ $m == stop ]]; then g="$S_GO" q="$S_PSQL" v="$S_SRV" tgt=1000; else g="$P_GO" q="$P_PSQL" v="$P_SRV" tgt=50; fi
+		gm="$(stat_of "$g" median)"
+		qm="$(stat_of "$q" median)"
+		echo "| $m | $(fmt1 "$gm") | $(fmt1 "$(stat_of "$g" p95)") | $(fmt1 "$(awk -v a="$gm" -v b="$warm_go" 'BEGIN{print a-b}')") | $(fmt1 "$qm") | $(fmt1 "$(stat_of "$q" p95)") | $(fmt1 "$(awk -v a="$qm" -v b="$warm_psql" 'BEGIN{print a-b}')") | $(fmt1 "$(stat_of "$v" median)") / $(fmt1 "$(stat_of "$v" p95)") | < $tgt | $(pass "$gm" "<" "$tgt") |"
+	done
+	echo
+	echo "Warm baseline (project awake, same client, median of $WAKES): firstrow $(fmt1 "$warm_go") ms, psql $(fmt1 "$warm_psql") ms. p95 is nearest-rank: with fewer than 20 samples it is the maximum."
+	echo
+	echo "## 4. pgwake memory (VmRSS)"
+	echo
+	echo "| at start (2 projects, no traffic) | idle after the runs above | with $NCONNS open connections | per connection | targets | met |"
+	echo "|---:|---:|---:|---:|:--|:--|"
+	echo "| $(fmt1 "$(awk -v k="$rss_start" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_conns" 'BEGIN{print k/1024}')") MiB | $per_conn KiB | idle < 30 MiB, < 40 KiB/conn | $(pass "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')" "<" 30) / $(pass "$per_conn" "<" 40) |"
+	echo
+	echo "Per connection = (RSS with $NCONNS connections - RSS idle just before) / $NCONNS. With them open pgwake held $fds file descriptors and $threads OS threads; opening them took ${open_secs}s."
+} >"$report"
+
+cat "$report"
+cp "$report" "$here/results.md"
+log "written to bench/results.md"
