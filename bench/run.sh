@@ -166,7 +166,7 @@ fi
 
 port="$(free_port)"
 log "starting pgwake on 127.0.0.1:$port (state $PGWAKE_STATE_DIR)"
-"$PGWAKE" up -d --wait --listen "127.0.0.1:$port" --sleep-after 0 \
+"$PGWAKE" up -d --wait --listen "127.0.0.1:$port" --sleep-after 0 --tls on \
 	--max-connections 2000 --max-project-connections 1000 2>/dev/null
 instance="$(jq -r .instance "$PGWAKE_STATE_DIR/state.json")"
 daemon_pid="$(curl -sf --unix-socket "$PGWAKE_STATE_DIR/pgwake.sock" http://x/v1/info | jq -r .pid)"
@@ -177,6 +177,9 @@ URL="$("$PGWAKE" create "$PROJECT" --sleep-mode stop --sleep-after 0 2>/dev/null
 PURL="$("$PGWAKE" create "$PPROJECT" --sleep-mode pause --sleep-after 0 2>/dev/null)"
 password="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .password' "$PGWAKE_STATE_DIR/state.json")"
 pguser="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .user' "$PGWAKE_STATE_DIR/state.json")"
+# TLS is on (for the TLS row); everything else measures the plaintext path.
+URL="${URL%%\?*}?sslmode=disable"
+PURL="${PURL%%\?*}?sslmode=disable"
 
 log "first wake of $PROJECT and $PPROJECT (initdb)"
 "$PGWAKE" wake "$PROJECT" 2>/dev/null
@@ -192,6 +195,17 @@ got="$("$PSQL" "$URL" -Atc 'show max_connections')"
 
 dport="$(direct_port "$PROJECT")"
 DURL="postgres://$pguser:$password@127.0.0.1:$dport/$PROJECT?sslmode=disable"
+# pgwake runs with TLS on: the plain target asks for no TLS, the TLS one
+# for sslmode=require (measuring what leaving the splice path costs).
+WURL="postgres://$pguser:$password@127.0.0.1:$port/$PROJECT?sslmode=disable"
+TLSURL="postgres://$pguser:$password@127.0.0.1:$port/$PROJECT?sslmode=require"
+# The address pgwake dials (the container's bridge address on Linux); PgBouncer
+# gets the same upstream so both proxies add exactly one hop.
+cip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(container_of "$PROJECT")" | awk '{print $1}')"
+upstream_host=127.0.0.1 upstream_port="$dport"
+if [[ -n "$cip" ]] && ip -o addr | grep -q "inet $(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}')/"; then
+	upstream_host="$cip" upstream_port=5432
+fi
 
 log "pgbench -i -s $SCALE"
 "$PGBENCH" -i -q -s "$SCALE" "$DURL" >"$work/pgbench-init.log" 2>&1 || { cat "$work/pgbench-init.log" >&2; die "pgbench -i failed"; }
@@ -203,7 +217,7 @@ chmod 755 "$work/pgbouncer"
 printf '"%s" "%s"\n' "$pguser" "$password" >"$work/pgbouncer/userlist.txt"
 cat >"$work/pgbouncer/pgbouncer.ini" <<EOF
 [databases]
-$PROJECT = host=127.0.0.1 port=$dport dbname=$PROJECT
+$PROJECT = host=$upstream_host port=$upstream_port dbname=$PROJECT
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -233,8 +247,8 @@ for i in $(seq 100); do
 done
 "$PSQL" "$URL" -Atc 'select 1' >/dev/null || die "pgwake does not serve"
 
-declare -A TURL=([direct]="$DURL" [pgwake]="$URL" [pgbouncer]="$BURL")
-declare -A TPS_PID=([pgwake]="$daemon_pid" [pgbouncer]="$bouncer_pid")
+declare -A TURL=([direct]="$DURL" [pgwake]="$WURL" [pgbouncer]="$BURL" [pgwake-tls]="$TLSURL")
+declare -A TPS_PID=([pgwake]="$daemon_pid" [pgbouncer]="$bouncer_pid" [pgwake-tls]="$daemon_pid")
 hz="$(getconf CLK_TCK)"
 
 # run_pgbench TARGET CLIENTS [extra args]: prints "tps cpu_percent
@@ -271,7 +285,7 @@ run_pgbench() {
 
 # --- 1. select-only throughput --------------------------------------------------
 
-targets=(direct pgwake pgbouncer)
+targets=(direct pgwake pgbouncer pgwake-tls)
 declare -A TPS CPU CPUTX
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
 load_start="$(loadavg)"
@@ -279,8 +293,8 @@ for r in $(seq "$ROUNDS"); do
 	for c in $CLIENTS; do
 		# Rotate the order every round and client count so no target always
 		# runs first (or last) on a warm cache.
-		for k in 0 1 2; do
-			t="${targets[$(((k + r + c) % 3))]}"
+		for k in "${!targets[@]}"; do
+			t="${targets[$(((k + r + c) % ${#targets[@]}))]}"
 			read -r tps cpu us < <(run_pgbench "$t" "$c")
 			log "round $r  -c $c  $t: $tps tps$([[ $t == direct ]] || echo " ($t CPU ${cpu}%, ${us} us/tx)"); load $(loadavg)"
 			TPS[$t,$c]+="$tps "
@@ -414,8 +428,8 @@ report="$work/results.md"
 	echo
 	echo "## 1. pgbench -S (select-only) throughput, TPS"
 	echo
-	echo "| clients | direct | pgwake | pgbouncer (session) | pgwake/direct | pgwake/pgbouncer | CPU pgwake / pgbouncer | CPU µs per tx pgwake / pgbouncer | target met |"
-	echo "|---:|---:|---:|---:|---:|---:|---:|---:|:--|"
+	echo "| clients | direct | pgwake | pgbouncer (session) | pgwake/direct | pgwake/pgbouncer | CPU pgwake / pgbouncer | CPU µs per tx pgwake / pgbouncer | target met | pgwake with client TLS | TLS/plain |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|---:|"
 	for c in $CLIENTS; do
 		d="$(stat_of "${TPS[direct,$c]}" median)"
 		w="$(stat_of "${TPS[pgwake,$c]}" median)"
@@ -429,13 +443,14 @@ report="$work/results.md"
 		else
 			ok="$(awk -v w="$w" -v d="$d" -v b="$b" 'BEGIN{print (w >= b && w >= 0.85*d) ? "yes" : "**no**"}')"
 		fi
-		echo "| $c | $(fmt0 "$d") | $(fmt0 "$w") | $(fmt0 "$b") | $(ratio "$w" "$d") | $(ratio "$w" "$b") | $(fmt0 "$wc")% / $(fmt0 "$bc")% | $(fmt0 "$wu") / $(fmt0 "$bu") | $ok |"
+		tl="$(stat_of "${TPS[pgwake-tls,$c]}" median)"
+		echo "| $c | $(fmt0 "$d") | $(fmt0 "$w") | $(fmt0 "$b") | $(ratio "$w" "$d") | $(ratio "$w" "$b") | $(fmt0 "$wc")% / $(fmt0 "$bc")% | $(fmt0 "$wu") / $(fmt0 "$bu") | $ok | $(fmt0 "$tl") | $(ratio "$tl" "$w") |"
 	done
 	echo
 	echo "All runs (TPS, in run order per target):"
 	echo
 	for c in $CLIENTS; do
-		echo "- $c clients: direct ${TPS[direct,$c]% }; pgwake ${TPS[pgwake,$c]% }; pgbouncer ${TPS[pgbouncer,$c]% }"
+		echo "- $c clients: direct ${TPS[direct,$c]% }; pgwake ${TPS[pgwake,$c]% }; pgbouncer ${TPS[pgbouncer,$c]% }; pgwake-tls ${TPS[pgwake-tls,$c]% }"
 	done
 	echo
 	echo "## 2. Connect per transaction (pgbench -S -C, 10 clients), TPS"

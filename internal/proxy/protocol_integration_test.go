@@ -109,6 +109,36 @@ func TestIntegrationTLS(t *testing.T) {
 				t.Fatal("direct TLS without ALPN postgresql was accepted")
 			}
 		})
+		t.Run("GSSENCRequest answered N, then SSLRequest S", func(t *testing.T) {
+			raw := rawConn(t, h.addr)
+			for _, req := range []struct {
+				code uint32
+				want byte
+			}{{80877104, 'N'}, {80877103, 'S'}} {
+				b := []byte{0, 0, 0, 8, byte(req.code >> 24), byte(req.code >> 16), byte(req.code >> 8), byte(req.code)}
+				if _, err := raw.Write(b); err != nil {
+					t.Fatal(err)
+				}
+				var got [1]byte
+				if _, err := raw.Read(got[:]); err != nil || got[0] != req.want {
+					t.Fatalf("request %d answered %q (%v), want %q", req.code, got[0], err, req.want)
+				}
+			}
+			pool := x509.NewCertPool()
+			data, _ := os.ReadFile(ca)
+			pool.AppendCertsFromPEM(data)
+			tc := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: "localhost"})
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tc.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "secure"})); err != nil {
+				t.Fatal(err)
+			}
+			var hdr [1]byte
+			if _, err := tc.Read(hdr[:]); err != nil || hdr[0] != 'R' {
+				t.Fatalf("first reply inside TLS: %q %v, want an authentication request", hdr[0], err)
+			}
+		})
 		t.Run("SNI routing", func(t *testing.T) {
 			pool := x509.NewCertPool()
 			data, _ := os.ReadFile(ca)
