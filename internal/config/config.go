@@ -542,7 +542,11 @@ func (c *Config) SocketPath() string {
 func (c *Config) LogAttrs() []any {
 	var attrs []any
 	for _, k := range Keys() {
-		attrs = append(attrs, k.Name, c.Get(k.Name))
+		v := c.Get(k.Name)
+		if k.Name == "admin_token" && v != "" {
+			v = "(set)" // a secret: logs are shared more widely than config
+		}
+		attrs = append(attrs, k.Name, v)
 	}
 	return attrs
 }

@@ -646,3 +646,14 @@ func TestLogAttrs(t *testing.T) {
 		}
 	}
 }
+
+func TestLogAttrsHideTheAdminToken(t *testing.T) {
+	t.Parallel()
+	cfg := config.Default()
+	cfg.AdminToken = "s3cret-token"
+	for _, a := range cfg.LogAttrs() {
+		if s, ok := a.(string); ok && strings.Contains(s, "s3cret-token") {
+			t.Fatal("the effective-config log line carries the admin token")
+		}
+	}
+}
