@@ -171,6 +171,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return fmt.Errorf("admin socket: %w", err)
 	}
 	defer os.Remove(sock)
+	// Per-project listeners run on serveCtx; it must exist before the admin
+	// API can create a project with a port.
+	serveCtx, stopServing := context.WithCancel(context.Background())
+	defer stopServing()
+	d.serveCtx = serveCtx
 	handler := d.handler()
 	// Requests run on apiCtx, cancelled at shutdown so open event streams
 	// end instead of holding the HTTP shutdown up.
@@ -192,8 +197,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		log.Info("admin API and metrics on TCP", "addr", tln.Addr().String(), "token_required", cfg.AdminToken != "")
 	}
 
-	serveCtx, stopServing := context.WithCancel(context.Background())
-	d.serveCtx = serveCtx
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- d.srv.Serve(serveCtx, d.ln) }()
 	for _, p := range store.Projects() {
@@ -464,6 +467,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err := d.be.Remove(ctx, spec(p), volumes); err != nil {
 		// Put it back so the user can retry; the data is untouched.
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))
+		_ = d.listenProjectPort(p)
 		return err
 	}
 	if err := d.store.Remove(name, !volumes); err != nil {

@@ -66,6 +66,16 @@ func (s *Server) forwardCancel(m *pgproto3.CancelRequest) {
 	}
 	defer up.Close()
 	_ = up.SetDeadline(time.Now().Add(5 * time.Second))
+	if s.opts.UpstreamTLS != nil {
+		// The key is a credential: keep it off the wire in the clear.
+		tc, _, err := startUpstreamTLS(up, s.opts.UpstreamTLS, addr)
+		if err != nil {
+			s.log.Warn("forward cancel request", "addr", addr, "err", err)
+			return
+		}
+		defer tc.Close()
+		up = tc
+	}
 	if _, err := up.Write(packet); err != nil {
 		s.log.Warn("forward cancel request", "addr", addr, "err", err)
 		return

@@ -90,7 +90,12 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 	defer s.total.Add(-1)
-	if !p.acquire() {
+	if ok, removed := p.acquire(); !ok {
+		if removed {
+			s.refuse(c.conn, name, pgwire.CodeInvalidCatalogName,
+				fmt.Sprintf("project %q does not exist", name), s.knownProjectsHint())
+			return
+		}
 		s.refuse(c.conn, name, pgwire.CodeTooManyConnections,
 			fmt.Sprintf("sorry, too many clients already for project %q (pgwake max_project_connections)", name), "")
 		return
@@ -114,11 +119,11 @@ func (c *clientConn) serve(ctx context.Context) {
 	_ = c.conn.SetDeadline(time.Time{})
 	up, first, err := s.dialReady(ctx, p, packet)
 	if err != nil {
-		code := pgwire.CodeConnectionFailure
-		if s.isClosing() {
-			code = pgwire.CodeAdminShutdown
+		code, msg := pgwire.CodeConnectionFailure, err.Error()
+		if s.isClosing() || ctx.Err() != nil {
+			code, msg = pgwire.CodeAdminShutdown, "pgwake is shutting down"
 		}
-		s.refuse(c.conn, name, code, err.Error(), "")
+		s.refuse(c.conn, name, code, msg, "")
 		return
 	}
 	if !c.attach(up) {

@@ -105,16 +105,18 @@ var errRemoved = errors.New("project was removed")
 // acquire takes a connection slot on the project (and counts it as active,
 // which keeps the project from being put to sleep). The slot must be given
 // back with release exactly once.
-func (p *project) acquire() bool {
+func (p *project) acquire() (ok, removed bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.removed || p.active >= p.srv.opts.MaxProjectConns {
-		return false
+		removed = p.removed
+		p.mu.Unlock()
+		return false, removed
 	}
 	p.active++
 	p.lastActive = p.srv.now()
+	p.mu.Unlock()
 	p.srv.notify(p.cfg.Spec.Name)
-	return true
+	return true, false
 }
 
 func (p *project) release() {
@@ -290,10 +292,15 @@ func (p *project) sleepLocked(mode backend.SleepMode) {
 	cancel()
 
 	p.mu.Lock()
-	// Asleep either way: if the stop failed, the next wake's Start finds
-	// the server still running and only waits for it to serve.
-	p.state = StateSleeping
-	p.addr = ""
+	if err != nil {
+		// The server may still run: keep it Running so the sweep tries
+		// again; a client finding it gone makes recheck mark it down.
+		p.state = StateRunning
+		p.lastActive = s.now()
+	} else {
+		p.state = StateSleeping
+		p.addr = ""
+	}
 	p.stopDone = nil
 	if err != nil {
 		p.lastErr, p.lastErrAt = err.Error(), s.now()

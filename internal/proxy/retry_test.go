@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,5 +199,49 @@ func TestStartingUpUntilDeadlineFails(t *testing.T) {
 	st, _ := srv.ProjectStatus("app")
 	if st.State != proxy.StateSleeping || st.WakeFails != 1 {
 		t.Fatalf("after a timed-out wake: state %s failures %d, want sleeping and 1", st.State, st.WakeFails)
+	}
+}
+
+// gatedBackend holds Start until released, to remove a project mid-wake.
+type gatedBackend struct {
+	*addrBackend
+	entered  chan struct{}
+	release  chan struct{}
+	returned atomic.Bool
+}
+
+func (b *gatedBackend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
+	close(b.entered)
+	<-b.release
+	defer b.returned.Store(true)
+	return b.addrBackend.Start(ctx, spec)
+}
+
+func TestRemoveProjectWaitsForInflightWake(t *testing.T) {
+	t.Parallel()
+	u := newScriptedUpstream(t)
+	gb := &gatedBackend{addrBackend: &addrBackend{addr: u.ln.Addr().String()}, entered: make(chan struct{}), release: make(chan struct{})}
+	srv, err := proxy.New(proxy.Options{Backend: gb, ReadyPoll: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}}); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Wake(context.Background(), "app")
+	<-gb.entered // the wake is inside Start
+
+	removed := make(chan struct{})
+	go func() {
+		srv.RemoveProject("app")
+		close(removed)
+	}()
+	close(gb.release)
+	<-removed
+	// The caller deletes the server right after RemoveProject returns; the
+	// wake must be over by then, or it would race that deletion.
+	if !gb.returned.Load() {
+		t.Fatal("RemoveProject returned while the wake's Start was still running")
 	}
 }

@@ -189,10 +189,23 @@ func (s *Server) RemoveProject(name string) error {
 		return fmt.Errorf("%w: %q", ErrNoProject, name)
 	}
 	p.mu.Lock()
-	p.removed = true
+	p.removed = true // no new wake or sleep starts from here
+	var inflight []chan struct{}
+	if p.wake != nil {
+		inflight = append(inflight, p.wake.done)
+	}
+	if p.stopDone != nil {
+		inflight = append(inflight, p.stopDone)
+	}
 	p.mu.Unlock()
 	for _, c := range victims {
 		c.close()
+	}
+	// The caller removes the server next: a wake or sleep still running
+	// would race it (recreating a container, or starting a postmaster in a
+	// directory being deleted).
+	for _, ch := range inflight {
+		<-ch
 	}
 	return nil
 }
@@ -243,7 +256,10 @@ func (s *Server) Wake(ctx context.Context, name string) error {
 	}
 	// Holding a slot keeps the sweep away while we wait; the connection
 	// count is what the sweep looks at.
-	if !p.acquire() {
+	if ok, removed := p.acquire(); !ok {
+		if removed {
+			return fmt.Errorf("%w: %q", ErrNoProject, name)
+		}
 		return fmt.Errorf("project %q: too many connections", name)
 	}
 	defer p.release()
@@ -402,12 +418,36 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			p.mu.Lock()
-			if p.state != StateRunning {
+			// Let a wake or sleep in flight finish first, then decide.
+			for p.state == StateWaking || p.state == StateStopping {
+				var ch chan struct{}
+				if p.wake != nil {
+					ch = p.wake.done
+				} else {
+					ch = p.stopDone
+				}
 				p.mu.Unlock()
+				<-ch
+				p.mu.Lock()
+			}
+			if p.state != StateRunning {
+				paused := p.cfg.SleepMode == backend.SleepPause
+				spec := p.cfg.Spec
+				p.mu.Unlock()
+				if paused {
+					// Always a real stop: a paused server left behind by an
+					// exiting pgwake would hold its memory with nobody to
+					// wake it. Stopping a stopped server is a no-op.
+					ctx, cancel := context.WithTimeout(context.Background(), s.opts.StopTimeout)
+					if err := s.opts.Backend.Sleep(ctx, spec, backend.SleepStop); err != nil {
+						emu.Lock()
+						errs = append(errs, fmt.Errorf("%s: %w", name, err))
+						emu.Unlock()
+					}
+					cancel()
+				}
 				return
 			}
-			// Always a real stop: a paused server left behind by an exiting
-			// pgwake would hold its memory with nobody to wake it.
 			p.sleepLocked(backend.SleepStop)
 			p.mu.Lock()
 			if p.lastErr != "" && !p.lastErrAt.Before(p.wokeAt) {
