@@ -117,7 +117,13 @@ func (c *clientConn) serve(ctx context.Context) {
 	// The client is parked here while the project wakes; its startup
 	// deadline no longer applies, the wake deadline does.
 	_ = c.conn.SetDeadline(time.Time{})
-	up, first, err := s.dialReady(ctx, p, packet)
+	wctx, stopWatch := c.watchHangup(ctx)
+	up, first, err := s.dialReady(wctx, p, packet)
+	early := stopWatch()
+	if err != nil && errors.Is(context.Cause(wctx), errClientGone) {
+		s.log.Debug("client hung up while parked", "project", name, "remote", c.conn.RemoteAddr())
+		return
+	}
 	if err != nil {
 		code, msg := pgwire.CodeConnectionFailure, err.Error()
 		if s.isClosing() || ctx.Err() != nil {
@@ -129,9 +135,48 @@ func (c *clientConn) serve(ctx context.Context) {
 	if !c.attach(up) {
 		return
 	}
+	if len(early) > 0 {
+		if _, err := up.Write(early); err != nil {
+			return
+		}
+	}
 	in, out := pipe(c, first)
 	if s.opts.OnConnDone != nil {
 		s.opts.OnConnDone(name, in, out)
+	}
+}
+
+// errClientGone is the cause of a parked client's context once it hung up.
+var errClientGone = errors.New("client hung up")
+
+// watchHangup watches a parked client: it sends nothing while it waits for
+// an authentication request, so a read that returns an error means it hung
+// up, and its wait (and its connection slot) can end before the wake does.
+// stop ends the watch and returns any byte the client sent meanwhile, to be
+// passed on. Plain TCP only: interrupting a TLS read is not safe.
+func (c *clientConn) watchHangup(ctx context.Context) (context.Context, func() []byte) {
+	tc, ok := c.conn.(*net.TCPConn)
+	if !ok {
+		return ctx, func() []byte { return nil }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	var buf [1]byte
+	var n int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var err error
+		n, err = tc.Read(buf[:])
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			cancel(errClientGone)
+		}
+	}()
+	return ctx, func() []byte {
+		_ = tc.SetReadDeadline(time.Unix(1, 0)) // in the past: unblocks the read
+		<-done
+		_ = tc.SetReadDeadline(time.Time{})
+		cancel(nil)
+		return buf[:n]
 	}
 }
 

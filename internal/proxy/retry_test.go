@@ -245,3 +245,60 @@ func TestRemoveProjectWaitsForInflightWake(t *testing.T) {
 		t.Fatal("RemoveProject returned while the wake's Start was still running")
 	}
 }
+
+func TestParkedClientHangingUpFreesItsSlot(t *testing.T) {
+	t.Parallel()
+	u := newScriptedUpstream(t)
+	gb := &gatedBackend{addrBackend: &addrBackend{addr: u.ln.Addr().String()}, entered: make(chan struct{}), release: make(chan struct{})}
+	changed := make(chan struct{}, 1)
+	srv, err := proxy.New(proxy.Options{Backend: gb, ReadyPoll: time.Millisecond, OnChange: func(string) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	defer close(gb.release)
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(t.Context(), ln)
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30,
+		Parameters: map[string]string{"user": "u", "database": "app"}}).Encode(nil)
+	c.Write(pkt)
+	<-gb.entered // parked: the wake is held inside Start
+	waitActive := func(want int) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			if st, _ := srv.ProjectStatus("app"); st.Active == want {
+				return
+			}
+			select {
+			case <-changed:
+			case <-deadline:
+				st, _ := srv.ProjectStatus("app")
+				t.Fatalf("active = %d, want %d", st.Active, want)
+			}
+		}
+	}
+	waitActive(1)
+	c.Close()
+	// The wake is still held, yet the slot comes back.
+	waitActive(0)
+	if srv.OpenConns() != 0 {
+		t.Fatalf("OpenConns = %d after the parked client left", srv.OpenConns())
+	}
+}
