@@ -167,8 +167,7 @@ func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
 	switch {
 	case err == nil:
 		c := res.Container
-		if c.Config != nil && c.Config.Labels[LabelSpec] == specHash(spec) &&
-			c.Config.Labels[LabelInstance] == b.instance && hasLoopbackBinding(c.HostConfig) {
+		if b.matches(c, spec) {
 			return nil
 		}
 		b.log.Warn("container changed outside pgwake; recreating it with its volume",
@@ -181,6 +180,14 @@ func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
 		return fmt.Errorf("inspect container %q: %w", name, err)
 	}
 	return b.create(ctx, spec)
+}
+
+// matches reports whether a container is the one pgwake would create for
+// spec: its labels carry spec's hash and this instance, and 5432 is
+// published on loopback only.
+func (b *Backend) matches(c container.InspectResponse, spec backend.Spec) bool {
+	return c.Config != nil && c.Config.Labels[LabelSpec] == specHash(spec) &&
+		c.Config.Labels[LabelInstance] == b.instance && hasLoopbackBinding(c.HostConfig)
 }
 
 func hasLoopbackBinding(hc *container.HostConfig) bool {
@@ -324,8 +331,10 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 			}
 			break
 		}
-		if err := b.Ensure(ctx, spec); err != nil { // stopped: recreate if drifted
-			return backend.Endpoint{}, err
+		if !b.matches(c, spec) { // stopped and drifted: recreate it on its volume
+			if err := b.Ensure(ctx, spec); err != nil {
+				return backend.Endpoint{}, err
+			}
 		}
 	}
 	if _, err := b.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
