@@ -38,6 +38,9 @@ func TestIntegrationSelectBackendAuto(t *testing.T) {
 			cfg.StateDir = t.TempDir()
 			cfg.DockerHost = tt.dockerHost
 			cfg.PGBin = tt.pgBin
+			// As root the local backend's data root may be outside the state
+			// dir (/var/lib/pgwake/<instance>); remove it either way.
+			t.Cleanup(func() { os.RemoveAll(localRoot(cfg.StateDir, "sel")) })
 			be, reason, err := SelectBackend(t.Context(), cfg, "sel", log)
 			if len(tt.wantErr) > 0 {
 				if err == nil {

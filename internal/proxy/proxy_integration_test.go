@@ -367,7 +367,9 @@ func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
 		// published port, no volume.
 		name := containerName(h, "drift")
 		dockerCLI(t, "rm", "-f", name)
-		dockerCLI(t, "create", "--name", name, "-e", "POSTGRES_PASSWORD=other", h.image)
+		// (tmpfs for its data, so no anonymous volume outlives the test)
+		dockerCLI(t, "create", "--name", name, "-e", "POSTGRES_PASSWORD=other",
+			"--mount", "type=tmpfs,destination=/var/lib/postgresql/data", h.image)
 		conn = h.connect(ctx, spec)
 		var v int
 		if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
