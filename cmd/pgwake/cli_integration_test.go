@@ -24,6 +24,7 @@ import (
 
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/config"
+	"github.com/pgwake/pgwake/internal/dockerbackend"
 	"github.com/pgwake/pgwake/internal/testenv"
 )
 
@@ -32,10 +33,6 @@ import (
 // psql) and docker inspect.
 
 const (
-	// Labels pgwake puts on its containers and volumes.
-	labelInstance = "dev.pgwake.instance"
-	labelProject  = "dev.pgwake.project"
-
 	// cmdTimeout bounds one CLI invocation; a wake includes initdb.
 	cmdTimeout = 3 * time.Minute
 )
@@ -154,25 +151,7 @@ func (h *cliHarness) cleanup() {
 		h.kill(t, pid)
 	}
 	if inst := h.instanceOrEmpty(); inst != "" {
-		f := make(client.Filters).Add("label", labelInstance+"="+inst)
-		cs, err := h.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
-		if err != nil {
-			t.Errorf("cleanup: list containers: %v", err)
-		}
-		for _, c := range cs.Items {
-			if _, err := h.docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				t.Errorf("cleanup: remove container %s: %v", c.ID, err)
-			}
-		}
-		vs, err := h.docker.VolumeList(ctx, client.VolumeListOptions{Filters: f})
-		if err != nil {
-			t.Errorf("cleanup: list volumes: %v", err)
-		}
-		for _, v := range vs.Items {
-			if _, err := h.docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				t.Errorf("cleanup: remove volume %s: %v", v.Name, err)
-			}
-		}
+		testenv.RemoveInstance(t, h.docker, inst)
 	}
 	if err := os.RemoveAll(h.dir); err != nil {
 		t.Errorf("cleanup: %v", err)
@@ -346,7 +325,7 @@ func (h *cliHarness) projectFilter(t *testing.T, project string) client.Filters 
 	if inst == "" {
 		t.Fatal("no instance id in state.json")
 	}
-	return make(client.Filters).Add("label", labelInstance+"="+inst, labelProject+"="+project)
+	return make(client.Filters).Add("label", dockerbackend.LabelInstance+"="+inst, dockerbackend.LabelProject+"="+project)
 }
 
 // container inspects project's container; ok is false if there is none.

@@ -1,16 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgwake/pgwake/internal/testenv"
 )
 
 // localHarness is a CLI harness whose daemon runs the local backend with no
@@ -32,30 +31,10 @@ func localHarness(t *testing.T) *cliHarness {
 // the backend's data root (the state dir's local/, or /var/lib/pgwake/<id>
 // when the tests run as root).
 func stopLocalServers(h *cliHarness) {
-	inst := h.instanceOrEmpty()
-	roots := []string{filepath.Join(h.dir, "local")}
-	if inst != "" {
-		roots = append(roots, filepath.Join("/var/lib/pgwake", inst))
+	if inst := h.instanceOrEmpty(); inst != "" {
+		testenv.StopLocalServers(filepath.Join("/var/lib/pgwake", inst))
 	}
-	for _, root := range roots {
-		pids, _ := filepath.Glob(filepath.Join(root, "*", "data", "postmaster.pid"))
-		for _, pf := range pids {
-			f, err := os.Open(pf)
-			if err != nil {
-				continue
-			}
-			sc := bufio.NewScanner(f)
-			if sc.Scan() {
-				if pid, err := strconv.Atoi(strings.TrimSpace(sc.Text())); err == nil && pid > 0 {
-					_ = syscall.Kill(pid, syscall.SIGQUIT)
-				}
-			}
-			f.Close()
-		}
-		if root != filepath.Join(h.dir, "local") {
-			_ = os.RemoveAll(root)
-		}
-	}
+	testenv.StopLocalServers(filepath.Join(h.dir, "local"))
 }
 
 // TestIntegrationLocalBackendLifecycle: on a machine without Docker, auto

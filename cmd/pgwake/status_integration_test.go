@@ -13,16 +13,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
-	"github.com/moby/moby/client"
-
 	"github.com/pgwake/pgwake/internal/admin"
-	"github.com/pgwake/pgwake/internal/testenv"
 )
 
 // This file tests `pgwake status`. TestIntegrationStatusTmux runs the
@@ -147,50 +142,35 @@ func TestStatusNotRunning(t *testing.T) {
 	}
 }
 
-// statusTmux is one run of the dashboard in tmux against a real daemon.
+// statusTmux is one run of the dashboard in tmux against a real daemon; the
+// daemon, its containers and the state dir belong to the CLI harness.
 type statusTmux struct {
-	t      *testing.T
-	bin    string   // the pgwake binary
-	dir    string   // state dir: short, for the admin socket
-	env    []string // points pgwake (and tmux's shell) at dir
-	socket string   // tmux -S: a tmux server of our own, its socket in dir
-	docker *client.Client
+	*cliHarness
+	socket string // tmux -S: a tmux server of our own, its socket in the state dir
 }
 
 // TestIntegrationStatusTmux drives `pgwake status` as a user would: in a
 // terminal, with keys, reading the screen, against a real daemon.
 func TestIntegrationStatusTmux(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("integration test needs Docker and tmux; skipped with -short")
-	}
-	if _, err := exec.LookPath("tmux"); err != nil {
+	if _, err := exec.LookPath("tmux"); err != nil && !testing.Short() {
 		t.Fatal("tmux is not installed (scripts/setup installs it)")
 	}
-	image := testenv.PostgresImage(t)
-	st := &statusTmux{t: t, docker: testenv.DockerClient(t)}
-	st.bin = buildPgwake(t)
-	dir, err := os.MkdirTemp("", "pgw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.dir, st.socket = dir, filepath.Join(dir, "tmux.sock")
-	for _, kv := range os.Environ() {
-		// The user's PGWAKE_* would change the configuration under test;
-		// $TMUX would point tmux at the user's own server.
-		if !strings.HasPrefix(kv, "PGWAKE_") && !strings.HasPrefix(kv, "TMUX") {
-			st.env = append(st.env, kv)
-		}
-	}
-	st.env = append(st.env, "PGWAKE_STATE_DIR="+dir, "PGWAKE_IMAGE="+image, "PGWAKE_BACKEND=docker", "TERM=xterm-256color")
+	h := newHarness(t) // skips under -short
+	st := &statusTmux{cliHarness: h, socket: filepath.Join(h.dir, "tmux.sock")}
+	// $TMUX would point tmux at the user's own server.
+	h.env = slices.DeleteFunc(h.env, func(kv string) bool { return strings.HasPrefix(kv, "TMUX") })
+	h.env = append(h.env, "TERM=xterm-256color")
+	// Registered after the harness's, so it runs first: the tmux server
+	// goes before the daemon.
 	t.Cleanup(st.cleanup)
 
-	st.pgwake("up", "-d", "--wait", "--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))
-	st.pgwake("create", "app")
+	h.up(t)
+	h.ok(t, "create", "app")
 
 	// The shell line reports how status exited and keeps the pane open.
 	cmd := fmt.Sprintf("%s status 2>%s; echo \"[pgwake status exited $?]\"; exec sleep 3600",
-		shQuote(st.bin), shQuote(filepath.Join(dir, "status.err")))
+		shellQuote(h.bin), shellQuote(filepath.Join(h.dir, "status.err")))
 	st.tmux("new-session", "-d", "-s", "status", "-x", "100", "-y", "30", cmd)
 
 	appRow := func(state string) func(string) bool {
@@ -206,7 +186,7 @@ func TestIntegrationStatusTmux(t *testing.T) {
 	}
 
 	// The daemon goes away: the dashboard says so and keeps running.
-	st.pgwake("down", "--volumes")
+	h.ok(t, "down", "--volumes")
 	st.waitScreen("the not-running banner", time.Minute, func(s string) bool {
 		return strings.Contains(s, "pgwake is not running — reconnecting…")
 	})
@@ -217,57 +197,20 @@ func TestIntegrationStatusTmux(t *testing.T) {
 	})
 }
 
-// buildPgwake builds the pgwake command into a test directory.
-func buildPgwake(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "pgwake")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
-// pgwake runs the binary with args and requires success.
-func (st *statusTmux) pgwake(args ...string) string {
-	st.t.Helper()
-	start := time.Now()
-	out, err := st.run(3*time.Minute, st.bin, args...)
-	st.t.Logf("$ pgwake %s  # %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
-	if err != nil {
-		st.t.Fatalf("pgwake %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
 // tmux runs a tmux command on our own tmux server and requires success.
 func (st *statusTmux) tmux(args ...string) string {
 	st.t.Helper()
-	out, err := st.run(30*time.Second, "tmux", append([]string{"-S", st.socket, "-f", "/dev/null"}, args...)...)
+	out, err := st.tmuxRun(args...)
 	if err != nil {
 		st.t.Fatalf("tmux %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
 }
 
-func (st *statusTmux) run(timeout time.Duration, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+func (st *statusTmux) tmuxRun(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.CommandContext(ctx, "tmux", append([]string{"-S", st.socket, "-f", "/dev/null"}, args...)...)
 	cmd.Env, cmd.Dir = st.env, st.dir
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
@@ -296,71 +239,15 @@ func (st *statusTmux) waitScreen(what string, timeout time.Duration, cond func(s
 	}
 }
 
-// cleanup ends the tmux server, stops the daemon with its data, and removes
-// whatever containers and volumes of this instance are left.
+// cleanup shows the dashboard's stderr on failure and ends the tmux server;
+// the harness's own cleanup then stops the daemon and removes its data.
 func (st *statusTmux) cleanup() {
-	t := st.t
-	if t.Failed() {
-		for _, f := range []string{"status.err", "pgwake.log"} {
-			if data, err := os.ReadFile(filepath.Join(st.dir, f)); err == nil {
-				const max = 8 << 10
-				if len(data) > max {
-					data = data[len(data)-max:]
-				}
-				t.Logf("tail of %s:\n%s", f, data)
-			}
+	if st.t.Failed() {
+		if data, err := os.ReadFile(filepath.Join(st.dir, "status.err")); err == nil {
+			st.t.Logf("status stderr:\n%s", data)
 		}
 	}
-	if out, err := st.run(30*time.Second, "tmux", "-S", st.socket, "kill-server"); err != nil && !strings.Contains(out, "no server running") {
-		t.Logf("tmux kill-server: %v: %s", err, out)
+	if out, err := st.tmuxRun("kill-server"); err != nil && !strings.Contains(out, "no server running") {
+		st.t.Logf("tmux kill-server: %v: %s", err, out)
 	}
-	// Already down unless the test failed before its own down.
-	if _, err := os.Stat(filepath.Join(st.dir, "pgwake.sock")); err == nil {
-		if out, err := st.run(3*time.Minute, st.bin, "down", "--volumes"); err != nil {
-			t.Errorf("cleanup: pgwake down --volumes: %v\n%s", err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if inst := st.instance(); inst != "" {
-		f := make(client.Filters).Add("label", "dev.pgwake.instance="+inst)
-		cs, err := st.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
-		if err != nil {
-			t.Errorf("cleanup: list containers: %v", err)
-		}
-		for _, c := range cs.Items {
-			t.Logf("cleanup: removing container %s left behind", c.ID)
-			if _, err := st.docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				t.Errorf("cleanup: remove container %s: %v", c.ID, err)
-			}
-		}
-		vs, err := st.docker.VolumeList(ctx, client.VolumeListOptions{Filters: f})
-		if err != nil {
-			t.Errorf("cleanup: list volumes: %v", err)
-		}
-		for _, v := range vs.Items {
-			t.Logf("cleanup: removing volume %s left behind", v.Name)
-			if _, err := st.docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				t.Errorf("cleanup: remove volume %s: %v", v.Name, err)
-			}
-		}
-	}
-	if err := os.RemoveAll(st.dir); err != nil {
-		t.Errorf("cleanup: %v", err)
-	}
-}
-
-// instance is the daemon's instance id from state.json, "" if none.
-func (st *statusTmux) instance() string {
-	data, err := os.ReadFile(filepath.Join(st.dir, "state.json"))
-	if err != nil {
-		return ""
-	}
-	var s struct {
-		Instance string `json:"instance"`
-	}
-	if json.Unmarshal(data, &s) != nil {
-		return ""
-	}
-	return s.Instance
 }

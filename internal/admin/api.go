@@ -41,6 +41,7 @@ type Project struct {
 	LastErrorAt   time.Time `json:"last_error_at,omitzero"`
 	RetryAt       time.Time `json:"retry_at,omitzero"`
 	IdleMS        int64     `json:"idle_ms"`
+	LastActiveAt  time.Time `json:"last_active_at"` // last connect, disconnect or wake
 	SleepsInMS    int64     `json:"sleeps_in_ms"`
 	URL           string    `json:"url"`
 	User          string    `json:"user"`

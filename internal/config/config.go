@@ -43,7 +43,7 @@ type Config struct {
 	StateDir              string        `yaml:"state_dir" usage:"directory for projects, passwords, the admin socket and logs"`
 	AdminSocket           string        `yaml:"admin_socket" usage:"admin API unix socket (default <state_dir>/pgwake.sock)"`
 	AdminListen           string        `yaml:"admin_listen" usage:"also serve the admin API and /metrics on this TCP address (empty: socket only)"`
-	AdminToken            string        `yaml:"admin_token" usage:"bearer token the TCP admin API requires; mandatory beyond loopback"`
+	AdminToken            string        `yaml:"admin_token" secret:"true" usage:"bearer token the TCP admin API requires; mandatory beyond loopback"`
 	Backend               string        `yaml:"backend" usage:"where project servers run: auto, docker or local"`
 	DockerHost            string        `yaml:"docker_host" usage:"Docker engine address (default DOCKER_HOST or the platform socket)"`
 	PGBin                 string        `yaml:"pg_bin" usage:"local backend: directory with postgres, initdb and pg_ctl (default: found on PATH, pg_config, /usr/lib/postgresql/N/bin)"`
@@ -123,11 +123,12 @@ func Default() Config {
 
 // Key describes one configuration key.
 type Key struct {
-	Name  string // yaml key
-	Env   string // environment variable
-	Flag  string // flag name
-	Usage string
-	path  []int
+	Name   string // yaml key
+	Env    string // environment variable
+	Flag   string // flag name
+	Usage  string
+	Secret bool // never logged
+	path   []int
 }
 
 // Keys lists every key in declaration order. A nested section (tls) gives
@@ -155,11 +156,12 @@ func keysOf(t reflect.Type, prefix string, path []int) []Key {
 			flag = strings.NewReplacer("_", "-", ".", "-").Replace(name)
 		}
 		keys = append(keys, Key{
-			Name:  name,
-			Env:   EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, ".", "_")),
-			Flag:  flag,
-			Usage: f.Tag.Get("usage"),
-			path:  p,
+			Name:   name,
+			Env:    EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, ".", "_")),
+			Flag:   flag,
+			Usage:  f.Tag.Get("usage"),
+			Secret: f.Tag.Get("secret") == "true",
+			path:   p,
 		})
 	}
 	return keys
@@ -543,8 +545,8 @@ func (c *Config) LogAttrs() []any {
 	var attrs []any
 	for _, k := range Keys() {
 		v := c.Get(k.Name)
-		if k.Name == "admin_token" && v != "" {
-			v = "(set)" // a secret: logs are shared more widely than config
+		if k.Secret && v != "" {
+			v = "(set)" // logs are shared more widely than config
 		}
 		attrs = append(attrs, k.Name, v)
 	}

@@ -353,7 +353,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.LastWakeMS, out.P50WakeMS, out.P95WakeMS, out.MaxWakeMS = ms(st.LastWake), ms(st.P50Wake), ms(st.P95Wake), ms(st.MaxWake)
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
-	out.Queued = st.Queued
+	out.Queued, out.LastActiveAt = st.Queued, st.LastActive
 	for _, l := range st.Recent {
 		out.RecentWakesMS = append(out.RecentWakesMS, ms(l))
 	}

@@ -117,7 +117,12 @@ func (c *clientConn) serve(ctx context.Context) {
 	// The client is parked here while the project wakes; its startup
 	// deadline no longer applies, the wake deadline does.
 	_ = c.conn.SetDeadline(time.Time{})
-	wctx, stopWatch := c.watchHangup(ctx)
+	// Only a client parked for a wake is watched for hanging up: on an
+	// awake project the wait is one round trip, not worth a goroutine.
+	wctx, stopWatch := ctx, func() []byte { return nil }
+	if !p.running() {
+		wctx, stopWatch = c.watchHangup(ctx)
+	}
 	up, first, err := s.dialReady(wctx, p, packet)
 	early := stopWatch()
 	if err != nil && errors.Is(context.Cause(wctx), errClientGone) {
@@ -575,12 +580,16 @@ func relayStartup(client io.Writer, up io.Reader, first []byte) (n int64, key []
 		return n, nil, nil // a whole error message was passed on
 	}
 	h := pgwire.ReplyHeader(first[:5])
+	var buf []byte // reused: a dozen small messages per session
 	for {
 		body := h.BodyLen()
 		if body < 0 || body > maxStartupMessage {
 			return n, key, fmt.Errorf("server message of %d bytes during startup", body)
 		}
-		buf := make([]byte, body)
+		if cap(buf) < body {
+			buf = make([]byte, body)
+		}
+		buf = buf[:body]
 		if _, err := io.ReadFull(up, buf); err != nil {
 			return n, key, err
 		}

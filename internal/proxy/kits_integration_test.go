@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -89,25 +88,8 @@ func (dockerKit) newBackend(t testing.TB, instance string, log *slog.Logger) bac
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { be.Close() })
-	t.Cleanup(func() { removeInstance(docker, instance) })
+	t.Cleanup(func() { testenv.RemoveInstance(t, docker, instance) })
 	return be
-}
-
-// removeInstance deletes every container and volume of one test instance.
-func removeInstance(docker *client.Client, instance string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := make(client.Filters).Add("label", dockerbackend.LabelInstance+"="+instance)
-	if cs, err := docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil {
-		for _, c := range cs.Items {
-			_, _ = docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
-		}
-	}
-	if vs, err := docker.VolumeList(ctx, client.VolumeListOptions{Filters: f}); err == nil {
-		for _, v := range vs.Items {
-			_, _ = docker.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
-		}
-	}
 }
 
 func containerName(h *harness, project string) string { return "pgwake-" + h.instance + "-" + project }
@@ -175,42 +157,21 @@ func (k *localKit) newBackend(t testing.TB, instance string, log *slog.Logger) b
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stopAllLocal(root) })
+	t.Cleanup(func() { testenv.StopLocalServers(root) })
 	return be
 }
 
-// stopAllLocal stops every server below root and deletes root.
-func stopAllLocal(root string) {
-	pids, _ := filepath.Glob(filepath.Join(root, "*", "data", "postmaster.pid"))
-	for _, p := range pids {
-		if pid := readPid(p); pid > 0 {
-			_ = syscall.Kill(pid, syscall.SIGQUIT) // immediate: the data is thrown away next
-		}
-	}
-	for _, p := range pids {
-		waitGone(readPid(p), 10*time.Second)
-	}
-	_ = os.RemoveAll(root)
-}
-
 func readPid(pidfile string) int {
-	f, err := os.Open(pidfile)
+	data, err := os.ReadFile(pidfile)
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(sc.Text()))
+	first, _, _ := strings.Cut(string(data), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(first))
 	return pid
 }
 
 func waitGone(pid int, timeout time.Duration) bool {
-	if pid <= 0 {
-		return true
-	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {

@@ -119,6 +119,13 @@ func (p *project) acquire() (ok, removed bool) {
 	return true, false
 }
 
+// running reports whether the project's server is up right now.
+func (p *project) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state == StateRunning
+}
+
 func (p *project) release() {
 	p.mu.Lock()
 	p.active--
@@ -387,6 +394,7 @@ type Status struct {
 	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
 	RetryAt     time.Time       `json:"retry_at,omitzero"`
 	IdleFor     time.Duration   `json:"idle_for"`
+	LastActive  time.Time       `json:"last_active"`  // last connect, disconnect or wake
 	SleepsIn    time.Duration   `json:"sleeps_in"`    // zero when not counting down
 	Recent      []time.Duration `json:"recent_wakes"` // oldest first
 	Events      []Event         `json:"events"`       // oldest first
@@ -401,7 +409,7 @@ func (p *project) status() Status {
 		Name: p.cfg.Spec.Name, State: p.state, Active: p.active, Queued: p.queued, Pinned: p.cfg.Pinned,
 		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), Image: p.cfg.Spec.Image,
 		Wakes: p.wakes, WakeFails: p.wakeFails,
-		LastError: p.lastErr, LastErrorAt: p.lastErrAt,
+		LastError: p.lastErr, LastErrorAt: p.lastErrAt, LastActive: p.lastActive,
 		Recent: append([]time.Duration(nil), p.latencies...),
 		Events: append([]Event(nil), p.events...),
 	}

@@ -424,3 +424,36 @@ func TestIntegrationUpstreamTLS(t *testing.T) {
 		}
 	})
 }
+
+// TestIntegrationReplicationParamPassesThrough: a logical replication client
+// (replication=database) gets a walsender session through the proxy. Local
+// backend only: initdb's pg_hba allows replication from 127.0.0.1, while the
+// test image allows no replication from the Docker bridge.
+func TestIntegrationReplicationParamPassesThrough(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		if _, ok := k.(*localKit); !ok {
+			t.Skip("the test image's pg_hba has no replication line for the bridge")
+		}
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("repl", backend.SleepStop, 0)
+		cfg, err := pgconn.ParseConfig(h.url(spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["replication"] = "database"
+		conn, err := pgconn.ConnectConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(t.Context())
+		res, err := conn.Exec(t.Context(), "IDENTIFY_SYSTEM").ReadAll()
+		if err != nil {
+			t.Fatalf("IDENTIFY_SYSTEM (a walsender command) failed: %v", err)
+		}
+		// systemid, timeline, xlogpos, dbname: the walsender is bound to the
+		// project's database.
+		if row := res[0].Rows[0]; string(row[3]) != spec.Database {
+			t.Fatalf("IDENTIFY_SYSTEM dbname %q, want %q", row[3], spec.Database)
+		}
+	})
+}

@@ -15,12 +15,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+
+	"github.com/pgwake/pgwake/internal/dockerbackend"
 )
 
 // DefaultImage is the tag build.sh produces.
@@ -178,4 +182,57 @@ func lockFile(t testing.TB, path string) (unlock func()) {
 		t.Fatalf("testenv: lock %s: %v", path, err)
 	}
 	return func() { _ = f.Close() } // closing the file releases the lock
+}
+
+// RemoveInstance deletes every container and volume labelled with a pgwake
+// instance id (dev.pgwake.instance), so a test leaves nothing behind.
+func RemoveInstance(t testing.TB, cli *client.Client, instance string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := make(client.Filters).Add("label", dockerbackend.LabelInstance+"="+instance)
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		t.Errorf("cleanup: list containers: %v", err)
+	}
+	for _, c := range cs.Items {
+		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("cleanup: remove container %s: %v", c.ID, err)
+		}
+	}
+	vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		t.Errorf("cleanup: list volumes: %v", err)
+	}
+	for _, v := range vs.Items {
+		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("cleanup: remove volume %s: %v", v.Name, err)
+		}
+	}
+}
+
+// StopLocalServers stops (immediate shutdown: the data is thrown away next)
+// every postmaster whose data directory is root/*/data, waits for them to
+// exit, and deletes root.
+func StopLocalServers(root string) {
+	pidfiles, _ := filepath.Glob(filepath.Join(root, "*", "data", "postmaster.pid"))
+	var pids []int
+	for _, pf := range pidfiles {
+		data, err := os.ReadFile(pf)
+		if err != nil {
+			continue
+		}
+		first, _, _ := strings.Cut(string(data), "\n")
+		if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && pid > 0 {
+			pids = append(pids, pid)
+			_ = syscall.Kill(pid, syscall.SIGQUIT)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for time.Now().Before(deadline) && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	_ = os.RemoveAll(root)
 }
