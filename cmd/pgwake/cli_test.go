@@ -288,3 +288,12 @@ func TestExitCode(t *testing.T) {
 		t.Errorf("usageError(boom) = %q, does not wrap boom transparently", err)
 	}
 }
+
+func TestDaemonProcs(t *testing.T) {
+	t.Parallel()
+	for available, want := range map[int]int{1: 1, 2: 1, 4: 1, 7: 1, 8: 2, 16: 4, 64: 16} {
+		if got := daemonProcs(available); got != want {
+			t.Errorf("daemonProcs(%d) = %d, want %d", available, got, want)
+		}
+	}
+}

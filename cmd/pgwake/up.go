@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"syscall"
 	"time"
@@ -41,6 +42,9 @@ once it serves.`,
 			if o.wait {
 				return usageError(errors.New("--wait goes with -d"))
 			}
+			if os.Getenv("GOMAXPROCS") == "" {
+				runtime.GOMAXPROCS(daemonProcs(runtime.GOMAXPROCS(0)))
+			}
 			return daemon.Run(cmd.Context(), d.cfg, d.logger(), daemon.Options{})
 		},
 	}
@@ -56,6 +60,16 @@ once it serves.`,
 	}
 	config.BindFlags(f, keys...)
 	return cmd
+}
+
+// daemonProcs is the GOMAXPROCS `pgwake up` runs with when the environment
+// does not set one: a quarter of what Go would use (which already honours
+// a container's CPU limit), at least one. The proxy's work is many tiny
+// relays, and every extra scheduler thread turns more of them into
+// cross-CPU wake-ups: on 2 vCPUs one thread used 10% less CPU per query
+// than two and left it to the Postgres servers (bench/README.md).
+func daemonProcs(available int) int {
+	return max(1, available/4)
 }
 
 // runUpDetached starts `pgwake up` again as a background process in its own

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -74,7 +75,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	if opts.NewBackend == nil {
 		opts.NewBackend = SelectBackend
 	}
-	log.Info("starting pgwake", append([]any{"version", version.Version}, cfg.LogAttrs()...)...)
+	log.Info("starting pgwake", append([]any{"version", version.Version, "gomaxprocs", runtime.GOMAXPROCS(0)}, cfg.LogAttrs()...)...)
 
 	store, err := state.Open(cfg.StateDir)
 	if err != nil {

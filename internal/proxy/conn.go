@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/pgwire"
+	"github.com/pgwake/pgwake/internal/relay"
 )
 
 // clientConn is one client connection. Both sockets are closed exactly
@@ -527,7 +528,7 @@ func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) 
 // pipe relays the startup phase from the server (learning the session's
 // BackendKeyData for cancels), then copies bytes both ways until either
 // side closes, then closes both. It returns the bytes each way. Between two
-// *net.TCPConn, io.Copy splices on Linux; with TLS on the client side it
+// *net.TCPConn, relay.Copy splices on Linux; with TLS on either side it
 // copies through user space.
 func pipe(c *clientConn, first []byte) (fromClient, toClient int64) {
 	done := make(chan struct{})
@@ -542,7 +543,7 @@ func pipe(c *clientConn, first []byte) (fromClient, toClient int64) {
 }
 
 func copyClientToServer(c *clientConn) int64 {
-	n, _ := io.Copy(c.upstream, c.conn)
+	n, _ := relay.Copy(c.upstream, c.conn)
 	c.close()
 	return n
 }
@@ -556,7 +557,7 @@ func copyServerToClient(c *clientConn, first []byte) int64 {
 	if err != nil {
 		return n
 	}
-	m, _ := io.Copy(c.conn, c.upstream)
+	m, _ := relay.Copy(c.conn, c.upstream)
 	return n + m
 }
 

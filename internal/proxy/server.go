@@ -49,7 +49,7 @@ type Options struct {
 	// Hooks, called without locks held; all optional. OnChange follows any
 	// change of a project's state or counts; OnWake every finished wake;
 	// OnConnDone every proxied connection when it closes, with the bytes it
-	// carried (counted by io.Copy, so the splice path stays); OnRefused
+	// carried (counted by the relay, so the splice path stays); OnRefused
 	// every connection refused with an ErrorResponse.
 	OnChange   func(project string)
 	OnWake     func(project string, took time.Duration, err error)

@@ -1,0 +1,270 @@
+package relay
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tcpPair returns the two ends of a real loopback TCP connection.
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
+
+// proxied is client <-> (in, out) <-> server with Copy running both ways
+// between in and out, as the proxy does.
+type proxied struct {
+	client, server *net.TCPConn
+	in, out        *net.TCPConn
+	toServer       chan result // Copy(out, in) finished
+	toClient       chan result // Copy(in, out) finished
+}
+
+type result struct {
+	n   int64
+	err error
+}
+
+func newProxied(t testing.TB) *proxied {
+	t.Helper()
+	p := &proxied{toServer: make(chan result, 1), toClient: make(chan result, 1)}
+	p.client, p.in = tcpPair(t)
+	p.out, p.server = tcpPair(t)
+	go func() {
+		n, err := Copy(p.out, p.in)
+		p.out.CloseWrite()
+		p.toServer <- result{n, err}
+	}()
+	go func() {
+		n, err := Copy(p.in, p.out)
+		p.in.CloseWrite()
+		p.toClient <- result{n, err}
+	}()
+	return p
+}
+
+// wait returns a Copy's result, failing the test if it never ends.
+func wait(t *testing.T, ch chan result, what string) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: Copy did not return", what)
+		return result{}
+	}
+}
+
+func TestCopyBulkBothWays(t *testing.T) {
+	t.Parallel()
+	p := newProxied(t)
+	const size = 8 << 20
+	up, down := make([]byte, size), make([]byte, size)
+	rand.Read(up)
+	rand.Read(down)
+
+	var wg sync.WaitGroup
+	var gotUp, gotDown []byte
+	var errUp, errDown error
+	wg.Add(4)
+	go func() { defer wg.Done(); p.client.Write(up); p.client.CloseWrite() }()
+	go func() { defer wg.Done(); p.server.Write(down); p.server.CloseWrite() }()
+	// Small reads keep the receivers slower than the senders, so the
+	// relay's writes hit full socket buffers and have to wait.
+	slowRead := func(c net.Conn, into *[]byte, errp *error) {
+		defer wg.Done()
+		var buf bytes.Buffer
+		_, *errp = io.CopyBuffer(&buf, struct{ io.Reader }{c}, make([]byte, 1000))
+		*into = buf.Bytes()
+	}
+	go slowRead(p.server, &gotUp, &errUp)
+	go slowRead(p.client, &gotDown, &errDown)
+	wg.Wait()
+
+	if errUp != nil || errDown != nil {
+		t.Fatalf("read errors: %v, %v", errUp, errDown)
+	}
+	if sha256.Sum256(gotUp) != sha256.Sum256(up) || sha256.Sum256(gotDown) != sha256.Sum256(down) {
+		t.Fatalf("data corrupted: got %d/%d bytes, want %d each", len(gotUp), len(gotDown), size)
+	}
+	for what, ch := range map[string]chan result{"to server": p.toServer, "to client": p.toClient} {
+		if r := wait(t, ch, what); r.err != nil || r.n != size {
+			t.Errorf("%s: Copy = %d, %v; want %d, nil", what, r.n, r.err, size)
+		}
+	}
+}
+
+// TestCopyPingPong sends many small messages one at a time, the pattern of
+// a query and its reply, and checks each arrives whole and in order.
+func TestCopyPingPong(t *testing.T) {
+	t.Parallel()
+	p := newProxied(t)
+	go io.Copy(p.server, p.server) // echo
+	msg := make([]byte, 300)
+	reply := make([]byte, len(msg))
+	for i := range 2000 {
+		n := 1 + i%len(msg)
+		for j := range n {
+			msg[j] = byte(i + j)
+		}
+		if _, err := p.client.Write(msg[:n]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(p.client, reply[:n]); err != nil {
+			t.Fatalf("round trip %d: %v", i, err)
+		}
+		if !bytes.Equal(reply[:n], msg[:n]) {
+			t.Fatalf("round trip %d: reply differs", i)
+		}
+	}
+}
+
+// TestCopyEndsWhenSourceClosed: the proxy closes both sockets when one side
+// ends; a Copy blocked on the other must return, not hang.
+func TestCopyEndsWhenSourceClosed(t *testing.T) {
+	t.Parallel()
+	p := newProxied(t)
+	p.in.Close()
+	r := wait(t, p.toServer, "to server")
+	if !errors.Is(r.err, net.ErrClosed) {
+		t.Fatalf("Copy after its source was closed = %d, %v; want net.ErrClosed", r.n, r.err)
+	}
+}
+
+// TestCopyFailsWhenPeerGone: the destination's peer disappears with a
+// reset; Copy reports an error instead of spinning or hanging.
+func TestCopyFailsWhenPeerGone(t *testing.T) {
+	t.Parallel()
+	p := newProxied(t)
+	p.server.SetLinger(0)
+	p.server.Close() // RST
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := p.client.Write(chunk); err != nil {
+				return // ends when the test's cleanup closes the client
+			}
+		}
+	}()
+	if r := wait(t, p.toServer, "to server"); r.err == nil {
+		t.Fatalf("Copy to a reset peer = %d, nil; want an error", r.n)
+	}
+}
+
+// TestIdleRelaysHoldNoPipes: after traffic, idle relays keep only their
+// sockets open; io.Copy's splice would keep two more descriptors per
+// direction for the connection's life.
+func TestIdleRelaysHoldNoPipes(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("splice and /proc are Linux")
+	}
+	const n = 50
+	before := openFDs(t)
+	ps := make([]*proxied, n)
+	for i := range ps {
+		ps[i] = newProxied(t)
+	}
+	buf := make([]byte, 5)
+	for _, p := range ps {
+		// One message each way, delivered before the next relay is used.
+		p.client.Write([]byte("query"))
+		if _, err := io.ReadFull(p.server, buf); err != nil {
+			t.Fatal(err)
+		}
+		p.server.Write([]byte("reply"))
+		if _, err := io.ReadFull(p.client, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sockets := 4 * n // client, in, out, server
+	pooled := 2 * 2 * runtime.GOMAXPROCS(0)
+	if got := openFDs(t) - before; got > sockets+pooled {
+		t.Fatalf("%d idle relays hold %d descriptors; want their %d sockets plus at most %d pooled pipe ends", n, got, sockets, pooled)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestCopyNonTCP: anything but two TCP sockets goes through io.Copy.
+func TestCopyNonTCP(t *testing.T) {
+	t.Parallel()
+	a, b := net.Pipe()
+	c, d := net.Pipe()
+	done := make(chan result, 1)
+	go func() {
+		n, err := Copy(c, b)
+		done <- result{n, err}
+	}()
+	go func() { a.Write([]byte("hello")); a.Close() }()
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(d, got); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if r := wait(t, done, "net.Pipe"); r.err != nil || r.n != 5 {
+		t.Fatalf("Copy = %d, %v; want 5, nil", r.n, r.err)
+	}
+}
+
+// BenchmarkPingPong measures one small message relayed each way per
+// iteration: Copy against io.Copy (the standard library's splice path).
+func BenchmarkPingPong(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		copy func(dst, src net.Conn) (int64, error)
+	}{
+		{"relay.Copy", Copy},
+		{"io.Copy", func(dst, src net.Conn) (int64, error) { return io.Copy(dst, src) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			client, in := tcpPair(b)
+			out, server := tcpPair(b)
+			go bc.copy(out, in)
+			go bc.copy(in, out)
+			go io.Copy(server, server)
+			msg := make([]byte, 100)
+			b.SetBytes(int64(2 * len(msg)))
+			b.ReportAllocs()
+			for b.Loop() {
+				client.Write(msg)
+				if _, err := io.ReadFull(client, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
