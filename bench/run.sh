@@ -121,6 +121,7 @@ free_port() {
 # median and p95 (nearest rank) of the numbers on stdin.
 median() { { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "nan"; exit} if(NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 p95() { { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "nan"; exit} i=int(NR*0.95); if(i<NR*0.95) i++; if(i<1) i=1; print a[i]}'; }
+stat_of() { echo $1 | tr ' ' '\n' | $2; }
 num() { [[ "$1" =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; }
 fmt0() { if num "$1"; then awk -v x="$1" 'BEGIN{printf "%.0f", x}'; else echo n/a; fi; }
 fmt1() { if num "$1"; then awk -v x="$1" 'BEGIN{printf "%.1f", x}'; else echo n/a; fi; }
@@ -151,6 +152,8 @@ sleep_project() {
 
 rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# ctx_switches PID: voluntary + involuntary context switches of all its threads.
+ctx_switches() { cat "/proc/$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/{s += $2} END{print s + 0}'; }
 
 # --- set-up -------------------------------------------------------------------
 
@@ -199,13 +202,17 @@ DURL="postgres://$pguser:$password@127.0.0.1:$dport/$PROJECT?sslmode=disable"
 # for sslmode=require (measuring what leaving the splice path costs).
 WURL="postgres://$pguser:$password@127.0.0.1:$port/$PROJECT?sslmode=disable"
 TLSURL="postgres://$pguser:$password@127.0.0.1:$port/$PROJECT?sslmode=require"
-# The address pgwake dials (the container's bridge address on Linux); PgBouncer
-# gets the same upstream so both proxies add exactly one hop.
-cip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(container_of "$PROJECT")" | awk '{print $1}')"
+# The address pgwake dials: the container's own address when its network's
+# gateway is an address of this host (the Docker backend's rule), else the
+# published port. PgBouncer gets the same upstream so both proxies add
+# exactly one hop. (The endpoint's gateway, not the network's IPAM config:
+# the default bridge leaves the latter empty.)
+read -r cip cgw < <(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.Gateway}}{{"\n"}}{{end}}' "$(container_of "$PROJECT")" | head -n1)
 upstream_host=127.0.0.1 upstream_port="$dport"
-if [[ -n "$cip" ]] && ip -o addr | grep -q "inet $(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}')/"; then
+if [[ -n "$cip" && -n "$cgw" ]] && ip -o addr | grep -q "inet $cgw/"; then
 	upstream_host="$cip" upstream_port=5432
 fi
+log "pgwake and PgBouncer dial $upstream_host:$upstream_port; direct port is 127.0.0.1:$dport"
 
 log "pgbench -i -s $SCALE"
 "$PGBENCH" -i -q -s "$SCALE" "$DURL" >"$work/pgbench-init.log" 2>&1 || { cat "$work/pgbench-init.log" >&2; die "pgbench -i failed"; }
@@ -247,12 +254,17 @@ for i in $(seq 100); do
 done
 "$PSQL" "$URL" -Atc 'select 1' >/dev/null || die "pgwake does not serve"
 
-declare -A TURL=([direct]="$DURL" [pgwake]="$WURL" [pgbouncer]="$BURL" [pgwake-tls]="$TLSURL")
+# Two direct baselines: the published port (what a client without pgwake
+# uses: Docker's port forwarding) and the container's own address (no hop
+# at all; pgwake and PgBouncer dial it too).
+IURL="postgres://$pguser:$password@$upstream_host:$upstream_port/$PROJECT?sslmode=disable"
+declare -A TURL=([direct]="$DURL" [direct-ip]="$IURL" [pgwake]="$WURL" [pgbouncer]="$BURL" [pgwake-tls]="$TLSURL")
 declare -A TPS_PID=([pgwake]="$daemon_pid" [pgbouncer]="$bouncer_pid" [pgwake-tls]="$daemon_pid")
 hz="$(getconf CLK_TCK)"
 
 # run_pgbench TARGET CLIENTS [extra args]: prints "tps cpu_percent
-# cpu_us_per_transaction", the last two for the proxy process ("-" direct).
+# cpu_us_per_transaction context_switches_per_transaction", the last three
+# for the proxy process (nan for direct).
 # pgbench's -T clock includes opening the clients' connections (SCRAM, a new
 # backend each: seconds for 50 clients on a busy 2-CPU machine) while its
 # tps excludes that time, so -T gets one extra second per 10 clients to keep
@@ -261,32 +273,33 @@ hz="$(getconf CLK_TCK)"
 run_pgbench() {
 	local target="$1" c="$2"
 	shift 2
-	local j=$((c < 2 ? c : 2)) out tps n pid="${TPS_PID[$target]:-}" t0=0 t1=0 cpu="nan" us="nan"
+	local j=$((c < 2 ? c : 2)) out tps n pid="${TPS_PID[$target]:-}" t0=0 t1=0 s0=0 s1=0 cpu="nan" us="nan" cs="nan"
 	local secs=$((DURATION + (c + 9) / 10))
-	[[ " $* " == *" -C "* ]] && secs="$DURATION"
-	[[ -n "$pid" ]] && t0="$(cpu_ticks "$pid")"
+	[[ " $* " == *" -C "* || " $* " == *" -R "* ]] && secs="$DURATION"
+	[[ -n "$pid" ]] && t0="$(cpu_ticks "$pid")" s0="$(ctx_switches "$pid")"
 	out="$("$PGBENCH" -n -S -c "$c" -j "$j" -T "$secs" "$@" "${TURL[$target]}" 2>&1)" ||
 		{ echo "$out" >&2; die "pgbench $target -c $c failed"; }
-	[[ -n "$pid" ]] && t1="$(cpu_ticks "$pid")"
+	[[ -n "$pid" ]] && t1="$(cpu_ticks "$pid")" s1="$(ctx_switches "$pid")"
 	tps="$(echo "$out" | awk '/^tps = /{print $3; exit}')"
 	n="$(echo "$out" | awk -F': ' '/^number of transactions actually processed/{print $2; exit}')"
 	if [[ "$n" == 0 ]]; then
 		log "warning: pgbench $target -c $c completed no transaction in ${secs}s (connecting took it all)"
-		echo "nan nan nan"
+		echo "nan nan nan nan"
 		return
 	fi
 	[[ -n "$tps" && -n "$n" ]] || { echo "$out" >&2; die "no tps in pgbench output"; }
 	if [[ -n "$pid" ]]; then
 		cpu="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v s="$secs" 'BEGIN{printf "%.0f", 100*d/hz/s}')"
-		us="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN{printf "%.0f", 1e6*d/hz/n}')"
+		us="$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN{printf "%.1f", 1e6*d/hz/n}')"
+		cs="$(awk -v d=$((s1 - s0)) -v n="$n" 'BEGIN{printf "%.2f", d/n}')"
 	fi
-	echo "$tps $cpu $us"
+	echo "$tps $cpu $us $cs"
 }
 
 # --- 1. select-only throughput --------------------------------------------------
 
-targets=(direct pgwake pgbouncer pgwake-tls)
-declare -A TPS CPU CPUTX
+targets=(direct direct-ip pgwake pgbouncer pgwake-tls)
+declare -A TPS CPU CPUTX CSTX
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
 load_start="$(loadavg)"
 for r in $(seq "$ROUNDS"); do
@@ -295,12 +308,31 @@ for r in $(seq "$ROUNDS"); do
 		# runs first (or last) on a warm cache.
 		for k in "${!targets[@]}"; do
 			t="${targets[$(((k + r + c) % ${#targets[@]}))]}"
-			read -r tps cpu us < <(run_pgbench "$t" "$c")
-			log "round $r  -c $c  $t: $tps tps$([[ $t == direct ]] || echo " ($t CPU ${cpu}%, ${us} us/tx)"); load $(loadavg)"
+			read -r tps cpu us cs < <(run_pgbench "$t" "$c")
+			log "round $r  -c $c  $t: $tps tps$([[ $t == direct* ]] || echo " ($t CPU ${cpu}%, ${us} us/tx, $cs switches/tx)"); load $(loadavg)"
 			TPS[$t,$c]+="$tps "
 			CPU[$t,$c]+="$cpu "
 			CPUTX[$t,$c]+="$us "
+			CSTX[$t,$c]+="$cs "
 		done
+	done
+done
+
+# --- 1b. proxy CPU at a fixed rate ---------------------------------------------------
+
+# Throughput on a 2-CPU machine swings with whatever else runs; the proxy's
+# CPU per transaction at a fixed rate both proxies sustain is steadier, and
+# is what decides who wins when the CPUs are full.
+top_c="${CLIENTS##* }"
+RATE="${BENCH_RATE:-$(stat_of "${TPS[direct-ip,$top_c]}" median | awk '{printf "%d", $1 / 2}')}"
+declare -A FCPU FCS
+for r in $(seq "$ROUNDS"); do
+	for k in 0 1; do
+		t=$([[ $(((k + r) % 2)) == 0 ]] && echo pgwake || echo pgbouncer)
+		read -r tps cpu us cs < <(run_pgbench "$t" "$top_c" -R "$RATE")
+		log "round $r  -c $top_c -R $RATE  $t: $tps tps ($us us/tx, $cs switches/tx)"
+		FCPU[$t]+="$us "
+		FCS[$t]+="$cs "
 	done
 done
 
@@ -311,7 +343,7 @@ CUS=""
 for r in $(seq "$ROUNDS"); do
 	for k in 0 1; do
 		t=$([[ $(((k + r) % 2)) == 0 ]] && echo direct || echo pgwake)
-		read -r tps cpu us < <(run_pgbench "$t" 10 -C)
+		read -r tps cpu us cs < <(run_pgbench "$t" 10 -C)
 		log "round $r  -C -c 10  $t: $tps tps$([[ $t == direct ]] || echo " ($t CPU ${cpu}%, ${us} us/tx)"); load $(loadavg)"
 		CTPS[$t]+="$tps "
 		if [[ $t == pgwake ]]; then CUS+="$us "; fi
@@ -319,6 +351,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 load_end="$(loadavg)"
+gomaxprocs="$(grep -m1 -o 'gomaxprocs=[0-9]*' "$PGWAKE_STATE_DIR/pgwake.log" | cut -d= -f2)"
 kill "$bouncer_pid" 2>/dev/null || true
 wait "$bouncer_pid" 2>/dev/null || true
 bouncer_pid=""
@@ -369,8 +402,6 @@ wake_series() {
 		log "wake $name #$i ($client): $ms ms (pgwake's wake: $srv ms)"
 	done
 }
-
-stat_of() { echo $1 | tr ' ' '\n' | $2; }
 
 log "wakes from stop ($PROJECT)"
 wake_series "$PROJECT" "$URL"
@@ -428,30 +459,43 @@ report="$work/results.md"
 	echo
 	echo "## 1. pgbench -S (select-only) throughput, TPS"
 	echo
-	echo "| clients | direct | pgwake | pgbouncer (session) | pgwake/direct | pgwake/pgbouncer | CPU pgwake / pgbouncer | CPU µs per tx pgwake / pgbouncer | target met | pgwake with client TLS | TLS/plain |"
-	echo "|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|---:|"
+	echo "Direct baselines: **port** is the project's published port on 127.0.0.1 (Docker's port forwarding: what a client uses without pgwake); **addr** is the container's own address, no hop at all, which pgwake and PgBouncer dial. The targets (at least PgBouncer, within 15% of direct) are judged against the published port; the last ratio shows the cost of the hop itself."
+	echo
+	echo "| clients | direct port | direct addr | pgwake | pgbouncer (session) | pgwake/pgbouncer | pgwake/direct port | target met | pgwake/direct addr | CPU µs per tx pgwake / pgbouncer | switches per tx pgwake / pgbouncer | pgwake with client TLS | TLS/plain |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|:--|---:|---:|---:|---:|---:|"
 	for c in $CLIENTS; do
 		d="$(stat_of "${TPS[direct,$c]}" median)"
+		di="$(stat_of "${TPS[direct-ip,$c]}" median)"
 		w="$(stat_of "${TPS[pgwake,$c]}" median)"
 		b="$(stat_of "${TPS[pgbouncer,$c]}" median)"
-		wc="$(stat_of "${CPU[pgwake,$c]}" median)"
-		bc="$(stat_of "${CPU[pgbouncer,$c]}" median)"
 		wu="$(stat_of "${CPUTX[pgwake,$c]}" median)"
 		bu="$(stat_of "${CPUTX[pgbouncer,$c]}" median)"
+		ws="$(stat_of "${CSTX[pgwake,$c]}" median)"
+		bs="$(stat_of "${CSTX[pgbouncer,$c]}" median)"
 		if [[ "$c" == 1 ]]; then
 			ok="(no target)"
 		else
 			ok="$(awk -v w="$w" -v d="$d" -v b="$b" 'BEGIN{print (w >= b && w >= 0.85*d) ? "yes" : "**no**"}')"
 		fi
 		tl="$(stat_of "${TPS[pgwake-tls,$c]}" median)"
-		echo "| $c | $(fmt0 "$d") | $(fmt0 "$w") | $(fmt0 "$b") | $(ratio "$w" "$d") | $(ratio "$w" "$b") | $(fmt0 "$wc")% / $(fmt0 "$bc")% | $(fmt0 "$wu") / $(fmt0 "$bu") | $ok | $(fmt0 "$tl") | $(ratio "$tl" "$w") |"
+		echo "| $c | $(fmt0 "$d") | $(fmt0 "$di") | $(fmt0 "$w") | $(fmt0 "$b") | $(ratio "$w" "$b") | $(ratio "$w" "$d") | $ok | $(ratio "$w" "$di") | $(fmt1 "$wu") / $(fmt1 "$bu") | $ws / $bs | $(fmt0 "$tl") | $(ratio "$tl" "$w") |"
 	done
 	echo
 	echo "All runs (TPS, in run order per target):"
 	echo
 	for c in $CLIENTS; do
-		echo "- $c clients: direct ${TPS[direct,$c]% }; pgwake ${TPS[pgwake,$c]% }; pgbouncer ${TPS[pgbouncer,$c]% }; pgwake-tls ${TPS[pgwake-tls,$c]% }"
+		echo "- $c clients: direct port ${TPS[direct,$c]% }; direct addr ${TPS[direct-ip,$c]% }; pgwake ${TPS[pgwake,$c]% }; pgbouncer ${TPS[pgbouncer,$c]% }; pgwake-tls ${TPS[pgwake-tls,$c]% }"
 	done
+	echo
+	echo "## 1b. Proxy CPU at a fixed rate (pgbench -S -c $top_c -R $RATE, half the direct addr throughput)"
+	echo
+	echo "| | CPU µs per tx | context switches per tx | runs (µs per tx) |"
+	echo "|:--|---:|---:|:--|"
+	for t in pgwake pgbouncer; do
+		echo "| $t | $(fmt1 "$(stat_of "${FCPU[$t]}" median)") | $(stat_of "${FCS[$t]}" median) | ${FCPU[$t]% } |"
+	done
+	echo
+	echo "pgwake ran with GOMAXPROCS=$gomaxprocs ($(nproc) CPUs; see bench/README.md)."
 	echo
 	echo "## 2. Connect per transaction (pgbench -S -C, 10 clients), TPS"
 	echo
