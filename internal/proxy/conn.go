@@ -238,7 +238,8 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 			s.log.Debug("direct TLS without TLS configured", "remote", c.conn.RemoteAddr())
 			return nil, false
 		}
-		if !c.startTLS(&prefixConn{Conn: c.conn, r: rd}, true) {
+		q := relay.Conn(c.conn)
+		if !c.startTLS(&prefixConn{Conn: q, r: io.MultiReader(bytes.NewReader(first[:]), q)}, true) {
 			return nil, false
 		}
 		rd, encrypted = c.conn, true
@@ -274,7 +275,7 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 				if _, err := c.conn.Write([]byte{'S'}); err != nil {
 					return nil, false
 				}
-				if !c.startTLS(c.conn, false) {
+				if !c.startTLS(relay.Conn(c.conn), false) {
 					return nil, false
 				}
 				rd, encrypted = c.conn, true
@@ -447,7 +448,7 @@ func startUpstreamTLS(up net.Conn, conf *tls.Config, addr string) (net.Conn, boo
 		host, _, _ := net.SplitHostPort(addr)
 		c.ServerName = host
 	}
-	tc := tls.Client(up, c)
+	tc := tls.Client(relay.Conn(up), c)
 	if err := tc.Handshake(); err != nil {
 		return nil, false, fmt.Errorf("upstream TLS handshake: %w", err)
 	}

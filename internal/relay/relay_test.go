@@ -2,10 +2,15 @@ package relay
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"math/big"
 	"net"
 	"os"
 	"runtime"
@@ -83,38 +88,54 @@ func wait(t *testing.T, ch chan result, what string) result {
 	}
 }
 
-func TestCopyBulkBothWays(t *testing.T) {
-	t.Parallel()
-	p := newProxied(t)
-	const size = 8 << 20
+// halfCloser is a connection that can end its sending side.
+type halfCloser interface {
+	io.ReadWriter
+	CloseWrite() error
+}
+
+// exchange sends size random bytes from a to b and from b to a at once,
+// each side then closing its sending half, and fails the test unless both
+// arrive intact. Receivers read readSize bytes at a time: small reads keep
+// them slower than the senders, so writes in between hit full buffers.
+func exchange(t *testing.T, a, b halfCloser, size, readSize int) {
+	t.Helper()
 	up, down := make([]byte, size), make([]byte, size)
 	rand.Read(up)
 	rand.Read(down)
-
 	var wg sync.WaitGroup
 	var gotUp, gotDown []byte
 	var errUp, errDown error
-	wg.Add(4)
-	go func() { defer wg.Done(); p.client.Write(up); p.client.CloseWrite() }()
-	go func() { defer wg.Done(); p.server.Write(down); p.server.CloseWrite() }()
-	// Small reads keep the receivers slower than the senders, so the
-	// relay's writes hit full socket buffers and have to wait.
-	slowRead := func(c net.Conn, into *[]byte, errp *error) {
+	send := func(c halfCloser, data []byte) {
+		defer wg.Done()
+		c.Write(data)
+		c.CloseWrite()
+	}
+	receive := func(c io.Reader, into *[]byte, errp *error) {
 		defer wg.Done()
 		var buf bytes.Buffer
-		_, *errp = io.CopyBuffer(&buf, struct{ io.Reader }{c}, make([]byte, 1000))
+		_, *errp = io.CopyBuffer(&buf, struct{ io.Reader }{c}, make([]byte, readSize))
 		*into = buf.Bytes()
 	}
-	go slowRead(p.server, &gotUp, &errUp)
-	go slowRead(p.client, &gotDown, &errDown)
+	wg.Add(4)
+	go send(a, up)
+	go send(b, down)
+	go receive(b, &gotUp, &errUp)
+	go receive(a, &gotDown, &errDown)
 	wg.Wait()
-
 	if errUp != nil || errDown != nil {
 		t.Fatalf("read errors: %v, %v", errUp, errDown)
 	}
 	if sha256.Sum256(gotUp) != sha256.Sum256(up) || sha256.Sum256(gotDown) != sha256.Sum256(down) {
 		t.Fatalf("data corrupted: got %d/%d bytes, want %d each", len(gotUp), len(gotDown), size)
 	}
+}
+
+func TestCopyBulkBothWays(t *testing.T) {
+	t.Parallel()
+	p := newProxied(t)
+	const size = 8 << 20
+	exchange(t, p.client, p.server, size, 1000)
 	for what, ch := range map[string]chan result{"to server": p.toServer, "to client": p.toClient} {
 		if r := wait(t, ch, what); r.err != nil || r.n != size {
 			t.Errorf("%s: Copy = %d, %v; want %d, nil", what, r.n, r.err, size)
@@ -267,4 +288,92 @@ func BenchmarkPingPong(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestConnTLS runs TLS over Conn on both ends of a real TCP connection and
+// moves 4 MiB each way through it, as the proxy does for TLS clients.
+func TestConnTLS(t *testing.T) {
+	t.Parallel()
+	a, b := tcpPair(t)
+	cert := selfSigned(t)
+	srv := tls.Server(Conn(a), &tls.Config{Certificates: []tls.Certificate{cert}})
+	cli := tls.Client(Conn(b), &tls.Config{InsecureSkipVerify: true})
+	exchange(t, cli, srv, 4<<20, 16<<10)
+}
+
+// TestConnSemantics: EOF, deadlines and Close behave as on the TCP conn.
+func TestConnSemantics(t *testing.T) {
+	t.Parallel()
+	a, b := tcpPair(t)
+	q := Conn(a)
+	if _, ok := q.(*net.TCPConn); ok && runtime.GOOS == "linux" {
+		t.Fatal("Conn returned the *net.TCPConn itself on Linux")
+	}
+	if _, ok := q.(io.ReaderFrom); ok {
+		t.Fatal("Conn exposes ReadFrom, which io.Copy would use instead of Read")
+	}
+
+	q.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := q.Read(make([]byte, 10)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read past the deadline = %v, want os.ErrDeadlineExceeded", err)
+	}
+	q.SetReadDeadline(time.Time{})
+
+	b.Write([]byte("hi"))
+	b.CloseWrite()
+	got, err := io.ReadAll(q)
+	if err != nil || string(got) != "hi" {
+		t.Fatalf("ReadAll = %q, %v; want \"hi\" then EOF", got, err)
+	}
+	if n, err := q.Write([]byte("back")); err != nil || n != 4 {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "back" {
+		t.Fatalf("peer read %q, %v", buf, err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Read(make([]byte, 1)) // never arrives: nothing is sent
+		done <- err
+	}()
+	blocked := make(chan error, 1)
+	go func() {
+		_, err := q.Read(make([]byte, 1))
+		blocked <- err
+	}()
+	q.Close()
+	select {
+	case err := <-blocked:
+		if err == nil {
+			t.Fatal("Read on a closed Conn returned no error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not end a Read waiting on the Conn")
+	}
+	if err := <-done; err != io.EOF {
+		t.Fatalf("peer of a closed Conn read %v, want EOF", err)
+	}
+
+	c, d := net.Pipe()
+	defer c.Close()
+	defer d.Close()
+	if Conn(c) != c {
+		t.Fatal("Conn wrapped a non-TCP connection")
+	}
+}
+
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"localhost"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
