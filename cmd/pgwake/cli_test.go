@@ -292,8 +292,13 @@ func TestExitCode(t *testing.T) {
 func TestDaemonProcs(t *testing.T) {
 	t.Parallel()
 	for available, want := range map[int]int{1: 1, 2: 1, 4: 1, 7: 1, 8: 2, 16: 4, 64: 16} {
-		if got := daemonProcs(available); got != want {
-			t.Errorf("daemonProcs(%d) = %d, want %d", available, got, want)
+		for _, env := range []string{"", "0", "-2", "two"} { // the runtime ignores these
+			if got := daemonProcs(env, available); got != want {
+				t.Errorf("daemonProcs(%q, %d) = %d, want %d", env, available, got, want)
+			}
+		}
+		if got := daemonProcs("3", available); got != 0 {
+			t.Errorf("daemonProcs(\"3\", %d) = %d, want 0 (the environment decides)", available, got)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -42,8 +43,8 @@ once it serves.`,
 			if o.wait {
 				return usageError(errors.New("--wait goes with -d"))
 			}
-			if os.Getenv("GOMAXPROCS") == "" {
-				runtime.GOMAXPROCS(daemonProcs(runtime.GOMAXPROCS(0)))
+			if n := daemonProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n > 0 {
+				runtime.GOMAXPROCS(n)
 			}
 			return daemon.Run(cmd.Context(), d.cfg, d.logger(), daemon.Options{})
 		},
@@ -62,13 +63,18 @@ once it serves.`,
 	return cmd
 }
 
-// daemonProcs is the GOMAXPROCS `pgwake up` runs with when the environment
-// does not set one: a quarter of what Go would use (which already honours
-// a container's CPU limit), at least one. The proxy's work is many tiny
-// relays, and every extra scheduler thread turns more of them into
+// daemonProcs is the GOMAXPROCS `pgwake up` runs with: 0 (leave it) when
+// env, the GOMAXPROCS variable, holds a value the runtime honours (a
+// positive integer), else a quarter of what Go would use (which already
+// honours a container's CPU limit), at least one. The proxy's work is many
+// tiny relays, and every extra scheduler thread turns more of them into
 // cross-CPU wake-ups: on 2 vCPUs one thread used 10% less CPU per query
-// than two and left it to the Postgres servers (bench/README.md).
-func daemonProcs(available int) int {
+// than two and left it to the Postgres servers (bench/README.md). Setting
+// it stops Go from following later changes of a container's CPU limit.
+func daemonProcs(env string, available int) int {
+	if n, err := strconv.Atoi(env); err == nil && n > 0 {
+		return 0
+	}
 	return max(1, available/4)
 }
 

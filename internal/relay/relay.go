@@ -16,6 +16,11 @@
 // splice never blocks and can be a raw syscall; waiting for readiness
 // still goes through the runtime's netpoller (syscall.RawConn), exactly as
 // the standard library does.
+//
+// The price of a raw syscall is that its thread keeps the scheduler's P
+// while in the kernel. On non-blocking sockets and pipes these calls do not
+// sleep, short of a brief wait for a socket lock or memory reclaim under
+// pressure, when the whole machine is slowed anyway.
 package relay
 
 import (

@@ -9,12 +9,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,6 +43,10 @@ func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 		t.Fatal("accept failed")
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
+	// A broken relay must fail the test, not hang it.
+	deadline := time.Now().Add(2 * time.Minute)
+	a.SetDeadline(deadline)
+	b.SetDeadline(deadline)
 	return a.(*net.TCPConn), b.(*net.TCPConn)
 }
 
@@ -197,6 +203,82 @@ func TestCopyFailsWhenPeerGone(t *testing.T) {
 	}()
 	if r := wait(t, p.toServer, "to server"); r.err == nil {
 		t.Fatalf("Copy to a reset peer = %d, nil; want an error", r.n)
+	}
+}
+
+// TestFailedDrainLeaksNoBytes: a relay whose destination resets while a
+// message is still in its pipe must not hand that pipe, bytes and all, to
+// the next message of another session.
+func TestFailedDrainLeaksNoBytes(t *testing.T) {
+	for round := range 5 {
+		p := newProxied(t)
+		p.server.SetLinger(0)
+		p.server.Close() // RST
+		go func() {
+			chunk := bytes.Repeat([]byte{'x'}, 256<<10)
+			for {
+				if _, err := p.client.Write(chunk); err != nil {
+					return
+				}
+			}
+		}()
+		if r := wait(t, p.toServer, "to server"); r.err == nil {
+			t.Fatalf("round %d: Copy to a reset peer = %d, nil; want an error", round, r.n)
+		}
+		q := newProxied(t)
+		msg := []byte("only this")
+		q.client.Write(msg)
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(q.server, got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("round %d: next session received %q, %v; want %q", round, got, err, msg)
+		}
+	}
+}
+
+// TestOutOfDescriptors: with no descriptor left for a pipe, a session
+// goes on through user space instead of ending.
+func TestOutOfDescriptors(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("splice is Linux")
+	}
+	client, in := tcpPair(t)
+	out, server := tcpPair(t)
+	// Empty the free list, so that the relay, started only once no
+	// descriptor is left, has to ask for a new pipe.
+	for len(free) > 0 {
+		(<-free).close()
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(openFDs(t) + 8)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower RLIMIT_NOFILE: %v", err)
+	}
+	var held []*os.File
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break // EMFILE: no descriptor left
+		}
+		held = append(held, f)
+	}
+	go Copy(out, in)
+	for i := range 3 {
+		msg := []byte(fmt.Sprintf("message %d", i))
+		client.Write(msg)
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("with no descriptors left, the server read %q, %v; want %q", got, err, msg)
+		}
 	}
 }
 

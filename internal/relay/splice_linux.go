@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -34,7 +36,7 @@ func getPipe() (*pipe, error) {
 	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		return nil, os.NewSyscallError("pipe2", err)
+		return nil, fmt.Errorf("%w: %w", errNoPipe, os.NewSyscallError("pipe2", err))
 	}
 	return &pipe{r: fds[0], w: fds[1]}, nil
 }
@@ -53,9 +55,13 @@ func (p *pipe) close() {
 	unix.Close(p.w)
 }
 
+// errNoPipe is a failure to create a pipe (out of file descriptors, say).
+var errNoPipe = errors.New("no pipe for splice")
+
 // spliceCopy is Copy between two TCP sockets. handled is false when the
-// kernel refuses to splice these sockets (EINVAL) before any byte of the
-// current message was taken: the caller then finishes with io.Copy.
+// kernel refuses to splice these sockets (EINVAL) or no pipe can be had
+// before any byte of the current message was taken: the caller then
+// finishes the session through user space.
 func spliceCopy(dst, src *net.TCPConn) (written int64, handled bool, err error) {
 	rc, err := src.SyscallConn()
 	if err != nil {
@@ -78,7 +84,9 @@ func spliceCopy(dst, src *net.TCPConn) (written int64, handled bool, err error) 
 			putPipe(s.p) // still empty
 			s.p = nil
 		}
-		if err == unix.EINVAL {
+		if err == unix.EINVAL || errors.Is(err, errNoPipe) {
+			// Nothing of this message was taken yet: finish the
+			// session through user space rather than end it.
 			return written, false, nil
 		}
 		if err != nil {
