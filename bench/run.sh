@@ -209,7 +209,9 @@ TLSURL="postgres://$pguser:$password@127.0.0.1:$port/$PROJECT?sslmode=require"
 # the default bridge leaves the latter empty.)
 read -r cip cgw < <(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.Gateway}}{{"\n"}}{{end}}' "$(container_of "$PROJECT")" | head -n1)
 upstream_host=127.0.0.1 upstream_port="$dport"
-if [[ -n "$cip" && -n "$cgw" ]] && ip -o addr | grep -q "inet $cgw/"; then
+# (grep reads a variable, not a pipe: with pipefail, grep -q quitting early
+# can fail the pipeline through ip's SIGPIPE.)
+if [[ -n "$cip" && -n "$cgw" ]] && grep -q "inet $cgw/" <<<"$(ip -o addr)"; then
 	upstream_host="$cip" upstream_port=5432
 fi
 log "pgwake and PgBouncer dial $upstream_host:$upstream_port; direct port is 127.0.0.1:$dport"
