@@ -6,7 +6,7 @@
 # Usage: bench/run.sh          (as root or a user in the docker group)
 # Tunables (environment): BENCH_DURATION (s per pgbench run, default 8),
 # BENCH_ROUNDS (3), BENCH_CLIENTS ("1 10 50"), BENCH_WAKES (psql-timed wakes
-# per sleep mode, 20), BENCH_GO_WAKES (firstrow-timed wakes per mode, 10),
+# per sleep mode, 20), BENCH_GO_WAKES (firstrow-timed wakes per mode, 20),
 # BENCH_CONNS (500), BENCH_SCALE (10), PGWAKETEST_IMAGE, BENCH_KEEP=1 keeps
 # the work directory.
 #
@@ -22,7 +22,7 @@ DURATION="${BENCH_DURATION:-8}"
 ROUNDS="${BENCH_ROUNDS:-3}"
 CLIENTS="${BENCH_CLIENTS:-1 10 50}"
 WAKES="${BENCH_WAKES:-20}"
-GOWAKES="${BENCH_GO_WAKES:-10}"
+GOWAKES="${BENCH_GO_WAKES:-20}"
 NCONNS="${BENCH_CONNS:-500}"
 SCALE="${BENCH_SCALE:-10}"
 IMAGE="${PGWAKETEST_IMAGE:-pgwake-test/postgres:15}"
