@@ -238,8 +238,7 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 			s.log.Debug("direct TLS without TLS configured", "remote", c.conn.RemoteAddr())
 			return nil, false
 		}
-		q := relay.Conn(c.conn)
-		if !c.startTLS(&prefixConn{Conn: q, r: io.MultiReader(bytes.NewReader(first[:]), q)}, true) {
+		if !c.startTLS(first[:]) {
 			return nil, false
 		}
 		rd, encrypted = c.conn, true
@@ -275,7 +274,7 @@ func (c *clientConn) readStartup() (*pgproto3.StartupMessage, bool) {
 				if _, err := c.conn.Write([]byte{'S'}); err != nil {
 					return nil, false
 				}
-				if !c.startTLS(relay.Conn(c.conn), false) {
+				if !c.startTLS(nil) {
 					return nil, false
 				}
 				rd, encrypted = c.conn, true
@@ -297,11 +296,18 @@ const tlsHandshakeRecord = 0x16
 // alpnPostgres is the ALPN protocol PG17 direct TLS requires.
 const alpnPostgres = "postgresql"
 
-// startTLS runs the server side of a TLS handshake on raw and makes it the
-// client connection. Direct TLS must negotiate ALPN "postgresql", as
-// Postgres requires.
-func (c *clientConn) startTLS(raw net.Conn, direct bool) bool {
+// startTLS runs the server side of a TLS handshake on the client connection
+// and makes TLS the client connection. read holds the bytes of direct TLS
+// already read (nil after an SSLRequest); direct TLS must negotiate ALPN
+// "postgresql", as Postgres requires. Its bytes bypass splice, so the socket
+// goes through relay.Conn.
+func (c *clientConn) startTLS(read []byte) bool {
 	s := c.srv
+	direct := read != nil
+	raw := relay.Conn(c.conn)
+	if direct {
+		raw = &prefixConn{Conn: raw, r: io.MultiReader(bytes.NewReader(read), raw)}
+	}
 	tc := tls.Server(raw, s.opts.TLS)
 	if err := tc.Handshake(); err != nil {
 		s.log.Debug("TLS handshake failed", "remote", c.conn.RemoteAddr(), "err", err)

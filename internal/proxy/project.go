@@ -182,6 +182,16 @@ func (p *project) awake(ctx context.Context) (string, error) {
 	}
 }
 
+// inFlight returns the channel closed when the wake or sleep in progress
+// ends, or nil when none is (the two never overlap: a wake starts from
+// Sleeping, a sleep from Running). p.mu must be held.
+func (p *project) inFlight() chan struct{} {
+	if p.wake != nil {
+		return p.wake.done
+	}
+	return p.stopDone
+}
+
 // park waits for done with the connection counted as queued; p.queued was
 // incremented by the caller under the lock.
 func (p *project) park(ctx context.Context, done <-chan struct{}) error {

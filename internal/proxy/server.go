@@ -190,13 +190,7 @@ func (s *Server) RemoveProject(name string) error {
 	}
 	p.mu.Lock()
 	p.removed = true // no new wake or sleep starts from here
-	var inflight []chan struct{}
-	if p.wake != nil {
-		inflight = append(inflight, p.wake.done)
-	}
-	if p.stopDone != nil {
-		inflight = append(inflight, p.stopDone)
-	}
+	inflight := p.inFlight()
 	p.mu.Unlock()
 	for _, c := range victims {
 		c.close()
@@ -204,8 +198,8 @@ func (s *Server) RemoveProject(name string) error {
 	// The caller removes the server next: a wake or sleep still running
 	// would race it (recreating a container, or starting a postmaster in a
 	// directory being deleted).
-	for _, ch := range inflight {
-		<-ch
+	if inflight != nil {
+		<-inflight
 	}
 	return nil
 }
@@ -288,12 +282,7 @@ func (s *Server) Sleep(ctx context.Context, name string) error {
 			return nil
 		}
 		// Waking or Stopping: wait for that to finish, then decide.
-		var ch chan struct{}
-		if p.wake != nil {
-			ch = p.wake.done
-		} else {
-			ch = p.stopDone
-		}
+		ch := p.inFlight()
 		p.mu.Unlock()
 		select {
 		case <-ch:
@@ -420,12 +409,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			p.mu.Lock()
 			// Let a wake or sleep in flight finish first, then decide.
 			for p.state == StateWaking || p.state == StateStopping {
-				var ch chan struct{}
-				if p.wake != nil {
-					ch = p.wake.done
-				} else {
-					ch = p.stopDone
-				}
+				ch := p.inFlight()
 				p.mu.Unlock()
 				<-ch
 				p.mu.Lock()
