@@ -174,7 +174,10 @@ func (h *cliHarness) kill(t *testing.T, pid int) {
 }
 
 // waitGone waits until pid has exited. The daemon is not our child (up -d
-// detaches it), so a zombie awaiting its reaper counts as gone.
+// detaches it), so a zombie awaiting its reaper counts as gone, but only
+// once its other threads are gone too: a killed thread-group leader turns
+// zombie first while the rest still hold its descriptors (the admin socket
+// then still accepts connections, and resets them).
 func (h *cliHarness) waitGone(t *testing.T, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -185,7 +188,9 @@ func (h *cliHarness) waitGone(t *testing.T, pid int) {
 		}
 		// The state follows the parenthesised command name.
 		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			return
+			if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err != nil || len(tasks) <= 1 {
+				return
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -252,8 +257,9 @@ func (h *cliHarness) fail(t *testing.T, args ...string) runResult {
 	return r
 }
 
-// up starts the daemon in the background on a free port and records its pid.
-func (h *cliHarness) up(t *testing.T) admin.Info {
+// up starts the daemon in the background on a free port and records its
+// pid. It returns what the admin API says of it and the run of `up`.
+func (h *cliHarness) up(t *testing.T) (admin.Info, runResult) {
 	t.Helper()
 	r := h.run(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
 	if r.code != 0 {
@@ -267,7 +273,7 @@ func (h *cliHarness) up(t *testing.T) admin.Info {
 	if r.stdout != "" {
 		t.Errorf("up -d wrote to stdout: %q", r.stdout)
 	}
-	return info
+	return info, r
 }
 
 func (h *cliHarness) admin() *admin.Client {
@@ -438,7 +444,7 @@ func (h *cliHarness) wantNotes(t *testing.T, project string, want ...string) {
 func TestIntegrationRestart(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	info := h.up(t)
+	info, _ := h.up(t)
 	if info.Listen == "" || strings.HasSuffix(info.Listen, ":0") {
 		t.Errorf("daemon listens on %q, want the real port", info.Listen)
 	}
@@ -503,7 +509,7 @@ func TestIntegrationRestart(t *testing.T) {
 func TestIntegrationSIGKILL(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	info := h.up(t)
+	info, _ := h.up(t)
 	h.ok(t, "create", "app")
 	h.writeNote(t, "app", "written before the kill")
 	before := h.mustContainer(t, "app")
@@ -550,15 +556,7 @@ func TestIntegrationCommands(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 
-	r := h.run(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
-	if r.code != 0 {
-		t.Fatalf("up -d --wait: exit %d\nstderr: %s", r.code, r.stderr)
-	}
-	info, err := h.admin().Info(t.Context())
-	if err != nil {
-		t.Fatalf("admin info: %v", err)
-	}
-	h.pids = append(h.pids, info.PID)
+	info, r := h.up(t)
 	t.Run("up reports the address it serves on", func(t *testing.T) {
 		if !strings.Contains(r.stderr, info.Listen) {
 			t.Errorf("up stderr %q does not name the address %s", r.stderr, info.Listen)
