@@ -29,6 +29,15 @@ type cliResult struct {
 // daemon fails at once instead of running one.
 func cliEnv(t *testing.T, extra ...string) []string {
 	t.Helper()
+	dir, env := stateEnv(t)
+	env = append(env, "PGWAKE_DOCKER_HOST=unix://"+filepath.Join(dir, "no-docker.sock"))
+	return append(env, extra...)
+}
+
+// stateEnv makes a fresh state directory and an empty pgwake.yaml, and
+// returns the directory and the environment that points pgwake at both.
+func stateEnv(t *testing.T) (dir string, env []string) {
+	t.Helper()
 	// Not t.TempDir: the admin socket path must stay short.
 	dir, err := os.MkdirTemp("", "pgw")
 	if err != nil {
@@ -39,11 +48,7 @@ func cliEnv(t *testing.T, extra ...string) []string {
 	if err := os.WriteFile(cfg, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return append([]string{
-		"PGWAKE_STATE_DIR=" + dir,
-		"PGWAKE_CONFIG=" + cfg,
-		"PGWAKE_DOCKER_HOST=unix://" + filepath.Join(dir, "no-docker.sock"),
-	}, extra...)
+	return dir, []string{"PGWAKE_STATE_DIR=" + dir, "PGWAKE_CONFIG=" + cfg}
 }
 
 // runCLI runs the root command in process, as main does, with environ as the

@@ -43,18 +43,10 @@ func stopLocalServers(h *cliHarness) {
 func TestIntegrationLocalBackendLifecycle(t *testing.T) {
 	t.Parallel()
 	h := localHarness(t)
-	r := h.run(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
-	if r.code != 0 {
-		t.Fatalf("up: exit %d\n%s", r.code, r.stderr)
-	}
+	_, r := h.up(t)
 	if !strings.Contains(r.stderr, "backend local") {
 		t.Errorf("up did not say it chose the local backend: %q", r.stderr)
 	}
-	info, err := h.admin().Info(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.pids = append(h.pids, info.PID)
 	log, _ := os.ReadFile(filepath.Join(h.dir, "pgwake.log"))
 	if !strings.Contains(string(log), "no Docker engine answered") {
 		t.Errorf("the log does not say why local was chosen:\n%s", log)

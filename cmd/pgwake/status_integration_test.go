@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,16 +38,7 @@ func (s statusService) Projects() []admin.Project { return s.ps }
 // returns the environment that points the CLI there.
 func serveAdmin(t *testing.T, svc admin.Service) []string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "pgw") // short: it holds the socket
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	cfg := filepath.Join(dir, "empty.yaml")
-	if err := os.WriteFile(cfg, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"PGWAKE_STATE_DIR=" + dir, "PGWAKE_CONFIG=" + cfg}
+	dir, env := stateEnv(t)
 	if svc == nil {
 		return env
 	}
@@ -62,20 +52,15 @@ func serveAdmin(t *testing.T, svc admin.Service) []string {
 	return env
 }
 
-// runStatusCLI runs the CLI in process with a buffer, not a terminal, as
-// stdout.
+// runStatusCLI runs the CLI in process (stdout a buffer, not a terminal)
+// and returns its stdout, logging any stderr.
 func runStatusCLI(t *testing.T, env []string, args ...string) (string, error) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	root := newRootCommand(&deps{stdout: &stdout, stderr: &stderr, environ: env})
-	root.SetArgs(args)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	err := root.ExecuteContext(ctx)
-	if stderr.Len() > 0 {
-		t.Logf("pgwake %s: stderr: %s", strings.Join(args, " "), stderr.String())
+	r := runCLI(t, env, args...)
+	if r.stderr != "" {
+		t.Logf("pgwake %s: stderr: %s", strings.Join(args, " "), r.stderr)
 	}
-	return stdout.String(), err
+	return r.stdout, r.err
 }
 
 func TestStatusPlainOutput(t *testing.T) {

@@ -148,6 +148,30 @@ func (h *harness) connect(ctx context.Context, spec backend.Spec) *pgx.Conn {
 	return conn
 }
 
+// seed connects to spec's project, runs sql and disconnects.
+func (h *harness) seed(spec backend.Spec, sql string) {
+	h.t.Helper()
+	ctx := h.t.Context()
+	conn := h.connect(ctx, spec)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		h.t.Fatalf("%s: %v", sql, err)
+	}
+	conn.Close(ctx)
+}
+
+// wantRow fails the test unless sql, run on conn, returns the single value
+// want.
+func wantRow[T comparable](t testing.TB, conn *pgx.Conn, want T, sql string, args ...any) {
+	t.Helper()
+	var got T
+	if err := conn.QueryRow(t.Context(), sql, args...).Scan(&got); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	if got != want {
+		t.Fatalf("%s = %v, want %v", sql, got, want)
+	}
+}
+
 func (h *harness) status(name string) proxy.Status {
 	h.t.Helper()
 	st, err := h.srv.ProjectStatus(name)

@@ -74,6 +74,17 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, k kit)) {
 	}
 }
 
+// forDocker is forEachBackend for what exists on the docker backend only
+// (containers).
+func forDocker(t *testing.T, fn func(t *testing.T, k kit)) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		if k.name() != "docker" {
+			t.Skip("containers only exist on the docker backend")
+		}
+		fn(t, k)
+	})
+}
+
 type dockerKit struct{}
 
 func (dockerKit) name() string   { return "docker" }

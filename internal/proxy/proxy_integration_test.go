@@ -62,13 +62,7 @@ func TestIntegrationWakeOnConnectPgx(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn2.Close(ctx)
-		var app string
-		if err := conn2.QueryRow(ctx, "show application_name").Scan(&app); err != nil {
-			t.Fatal(err)
-		}
-		if app != "pgwake-test-app" {
-			t.Fatalf("application_name = %q", app)
-		}
+		wantRow(t, conn2, "pgwake-test-app", "show application_name")
 	})
 }
 
@@ -264,32 +258,19 @@ func TestIntegrationClientArrivingDuringSleepIsServed(t *testing.T) {
 }
 
 func TestIntegrationContainerRemovedOutsideIsRecreated(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, k kit) {
-		if k.name() != "docker" {
-			t.Skip("containers only exist on the docker backend")
-		}
+	forDocker(t, func(t *testing.T, k kit) {
 		h := newHarness(t, k, harnessOptions{})
 		spec := h.addProject("gone", backend.SleepStop, 0)
 		ctx := t.Context()
-		conn := h.connect(ctx, spec)
-		if _, err := conn.Exec(ctx, "create table keep(v text); insert into keep values ('survives')"); err != nil {
-			t.Fatal(err)
-		}
-		conn.Close(ctx)
+		h.seed(spec, "create table keep(v text); insert into keep values ('survives')")
 
 		dockerCLI(t, "rm", "-f", containerName(h, "gone"))
 		// The engine's destroy event reaches pgwake, which stops routing to the
 		// dead address; the next client wakes a recreated container on the
 		// same volume.
 		h.waitState("gone", proxy.StateSleeping, 30*time.Second)
-		conn = h.connect(ctx, spec)
-		var v string
-		if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		if v != "survives" {
-			t.Fatalf("got %q", v)
-		}
+		conn := h.connect(ctx, spec)
+		wantRow(t, conn, "survives", "select v from keep")
 	})
 }
 
@@ -347,18 +328,11 @@ func asPgError(t *testing.T, err error) *pgconn.PgError {
 }
 
 func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, k kit) {
-		if k.name() != "docker" {
-			t.Skip("containers only exist on the docker backend")
-		}
+	forDocker(t, func(t *testing.T, k kit) {
 		h := newHarness(t, k, harnessOptions{})
 		spec := h.addProject("drift", backend.SleepStop, 0)
 		ctx := t.Context()
-		conn := h.connect(ctx, spec)
-		if _, err := conn.Exec(ctx, "create table keep(v int); insert into keep values (7)"); err != nil {
-			t.Fatal(err)
-		}
-		conn.Close(ctx)
+		h.seed(spec, "create table keep(v int); insert into keep values (7)")
 		h.waitFor("drift", "no connections", 10*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
 		if err := h.srv.Sleep(ctx, "drift"); err != nil {
 			t.Fatal(err)
@@ -370,13 +344,7 @@ func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
 		// (tmpfs for its data, so no anonymous volume outlives the test)
 		dockerCLI(t, "create", "--name", name, "-e", "POSTGRES_PASSWORD=other",
 			"--mount", "type=tmpfs,destination=/var/lib/postgresql/data", h.image)
-		conn = h.connect(ctx, spec)
-		var v int
-		if err := conn.QueryRow(ctx, "select v from keep").Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		if v != 7 {
-			t.Fatalf("got %d", v)
-		}
+		conn := h.connect(ctx, spec)
+		wantRow(t, conn, 7, "select v from keep")
 	})
 }

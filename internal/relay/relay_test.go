@@ -2,16 +2,12 @@ package relay
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"runtime"
@@ -19,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pgwake/pgwake/internal/certs"
 )
 
 // tcpPair returns the two ends of a real loopback TCP connection.
@@ -377,8 +375,11 @@ func BenchmarkPingPong(b *testing.B) {
 func TestConnTLS(t *testing.T) {
 	t.Parallel()
 	a, b := tcpPair(t)
-	cert := selfSigned(t)
-	srv := tls.Server(Conn(a), &tls.Config{Certificates: []tls.Certificate{cert}})
+	conf, err := certs.ServerConfig(t.TempDir(), "", "", []string{"localhost"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := tls.Server(Conn(a), conf)
 	cli := tls.Client(Conn(b), &tls.Config{InsecureSkipVerify: true})
 	exchange(t, cli, srv, 4<<20, 16<<10)
 }
@@ -444,18 +445,4 @@ func TestConnSemantics(t *testing.T) {
 	if Conn(c) != c {
 		t.Fatal("Conn wrapped a non-TCP connection")
 	}
-}
-
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"localhost"}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
