@@ -55,6 +55,10 @@ const (
 // Endpoint is where a started server is dialled.
 type Endpoint struct {
 	Addr string // host:port
+	// ID identifies this run of the server (see Status.ID). The proxy
+	// relays only to the run it started: an address can be handed to
+	// another server once this one is gone.
+	ID string
 	// Serving is set when the runtime knows Postgres already serves: it
 	// resumed a server that was serving when it was paused. The proxy then
 	// skips its readiness probe (clients still peek at the first reply).
@@ -65,6 +69,15 @@ type Endpoint struct {
 type Status struct {
 	State State
 	Addr  string // host:port; set when State is StateRunning
+	// ID identifies this run of the server: it is set while the server
+	// runs (or is paused) and differs for every start (a container's ID
+	// and start time; a postmaster's pid and start time). Two Status calls
+	// with the same ID bracket a time in which Addr belonged to this
+	// server and no other.
+	ID string
+	// Exit says why a server that is not running stopped, when the runtime
+	// knows ("exited with code 1", "killed: out of memory"); for errors.
+	Exit string
 }
 
 // Backend hosts per-project Postgres servers. All methods are safe for
@@ -113,6 +126,26 @@ type Watcher interface {
 
 // ErrNotFound is returned for a project the backend has no server for.
 var ErrNotFound = errors.New("server not found")
+
+// ErrNotOwned is returned when something pgwake would create already
+// exists but does not carry pgwake's labels (or another instance's): it is
+// somebody else's, and pgwake neither replaces nor removes it.
+var ErrNotOwned = errors.New("not created by this pgwake")
+
+// ErrUnavailable is returned for every call on a runtime that cannot be
+// reached (a Docker engine that does not answer): the project's data lives
+// there, so pgwake reports the error rather than serve it from elsewhere.
+var ErrUnavailable = errors.New("backend unavailable")
+
+// Sweeper is implemented by backends that can find everything they made
+// for this pgwake instance by its labels, including leftovers of failed
+// operations and of a crashed pgwake, not only the projects in the state
+// file.
+type Sweeper interface {
+	// RemoveAll stops and removes every server of this instance and, with
+	// volumes, its data. It touches nothing without this instance's labels.
+	RemoveAll(ctx context.Context, volumes bool) error
+}
 
 // PauseSupporter is implemented by backends that may be unable to pause a
 // server; a backend without it pauses.

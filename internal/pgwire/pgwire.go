@@ -75,11 +75,14 @@ func ReadPacket(r io.Reader) (Packet, error) {
 		}
 		return Packet{}, err
 	}
-	n := int64(int32(binary.BigEndian.Uint32(hdr[:]))) - 4
+	// The length word is unsigned on the wire and counts itself; messages
+	// print it exactly as sent.
+	length := binary.BigEndian.Uint32(hdr[:])
+	n := int64(length) - 4
 	// 4 bytes of code is the smallest valid body; the limit is checked
 	// before allocating so a hostile length costs nothing.
 	if n < 4 || n > MaxStartupPacketLen {
-		return Packet{}, protoErr("invalid length of startup packet: %d", n)
+		return Packet{}, protoErr("invalid length of startup packet: %d", length)
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(r, body); err != nil {
@@ -145,8 +148,13 @@ type ReplyHeader [5]byte
 // Type is the message type byte ('R' authentication, 'E' error, ...).
 func (h ReplyHeader) Type() byte { return h[0] }
 
-// BodyLen is the message length minus the length word itself.
-func (h ReplyHeader) BodyLen() int { return int(int32(binary.BigEndian.Uint32(h[1:]))) - 4 }
+// Len is the length word exactly as sent (it counts itself), for messages
+// that print it.
+func (h ReplyHeader) Len() uint32 { return binary.BigEndian.Uint32(h[1:]) }
+
+// BodyLen is the message length minus the length word itself. A length
+// word of 2^31 or more is negative here, so a check for n < 0 rejects it.
+func (h ReplyHeader) BodyLen() int { return int(int32(h.Len())) - 4 }
 
 // maxErrorBody bounds how much of an upstream ErrorResponse is read while
 // peeking; real ones are a few hundred bytes.
@@ -157,7 +165,7 @@ const maxErrorBody = 64 << 10
 func DecodeUpstreamError(r io.Reader, h ReplyHeader) (*pgproto3.ErrorResponse, []byte, error) {
 	n := h.BodyLen()
 	if n < 0 || n > maxErrorBody {
-		return nil, nil, fmt.Errorf("upstream error response of %d bytes", n)
+		return nil, nil, fmt.Errorf("invalid length of upstream error response: %d", h.Len())
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(r, body); err != nil {

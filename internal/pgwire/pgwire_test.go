@@ -131,3 +131,72 @@ func TestWriteErrorRoundTrip(t *testing.T) {
 		t.Fatalf("got %+v", er)
 	}
 }
+
+// TestReadPacketErrorMessages pins the 08P01 message text: lengths and
+// protocol codes are printed unsigned, exactly as the client sent them.
+func TestReadPacketErrorMessages(t *testing.T) {
+	t.Parallel()
+	length := func(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
+	tests := []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"huge length", length(0xFFFFFFF0), "invalid length of startup packet: 4294967280"},
+		{"all ones length", length(0xFFFFFFFF), "invalid length of startup packet: 4294967295"},
+		{"sign bit length", length(0x80000000), "invalid length of startup packet: 2147483648"},
+		{"zero length", length(0), "invalid length of startup packet: 0"},
+		{"length 7", length(7), "invalid length of startup packet: 7"},
+		{"oversized length", length(MaxStartupPacketLen + 5), "invalid length of startup packet: 10005"},
+		{"version 2.0", packet(0x00020000, nil), "unsupported frontend protocol 2.0"},
+		{"high version", packet(0xFFFF0000, nil), "unsupported frontend protocol 65535.0"},
+		{"high minor", packet(0x0003FFFF, nil), "unsupported frontend protocol 3.65535"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := ReadPacket(bytes.NewReader(tt.in))
+			var perr *ProtocolError
+			if !errors.As(err, &perr) {
+				t.Fatalf("err = %v, want *ProtocolError", err)
+			}
+			if perr.Msg != tt.want {
+				t.Fatalf("message = %q, want %q", perr.Msg, tt.want)
+			}
+		})
+	}
+}
+
+// TestReadPacketLengthLimits: the largest accepted length word is
+// MaxStartupPacketLen plus the length word itself; one more is rejected.
+func TestReadPacketLengthLimits(t *testing.T) {
+	t.Parallel()
+	maxBody := make([]byte, MaxStartupPacketLen-4)
+	if _, err := ReadPacket(bytes.NewReader(packet(sslRequestCode, maxBody))); err == nil || err.Error() != "malformed SSLRequest" {
+		t.Fatalf("SSLRequest at the length limit: err = %v, want malformed SSLRequest (length accepted)", err)
+	}
+	over := packet(sslRequestCode, append(maxBody, 0))
+	if _, err := ReadPacket(bytes.NewReader(over)); err == nil || err.Error() != "invalid length of startup packet: 10005" {
+		t.Fatalf("one byte over the limit: err = %v", err)
+	}
+}
+
+func TestDecodeUpstreamErrorLength(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		length uint32
+		want   string
+	}{
+		{0xFFFFFFF0, "invalid length of upstream error response: 4294967280"},
+		{0, "invalid length of upstream error response: 0"},
+		{maxErrorBody + 5, "invalid length of upstream error response: 65541"},
+	} {
+		var h ReplyHeader
+		h[0] = 'E'
+		binary.BigEndian.PutUint32(h[1:], tt.length)
+		_, _, err := DecodeUpstreamError(bytes.NewReader(nil), h)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("length %#x: err = %v, want %q", tt.length, err, tt.want)
+		}
+	}
+}

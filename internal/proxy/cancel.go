@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net"
 	"sync"
 	"time"
 
@@ -58,30 +57,7 @@ func (s *Server) forwardCancel(m *pgproto3.CancelRequest) {
 	}
 	ctx, cancel := context.WithTimeout(s.baseCtx, 5*time.Second)
 	defer cancel()
-	var d net.Dialer
-	up, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
+	if err := s.up.cancel(ctx, addr, packet); err != nil {
 		s.log.Warn("forward cancel request", "addr", addr, "err", err)
-		return
 	}
-	defer up.Close()
-	_ = up.SetDeadline(time.Now().Add(5 * time.Second))
-	if s.opts.UpstreamTLS != nil {
-		// The key is a credential: keep it off the wire in the clear.
-		tc, _, err := startUpstreamTLS(up, s.opts.UpstreamTLS, addr)
-		if err != nil {
-			s.log.Warn("forward cancel request", "addr", addr, "err", err)
-			return
-		}
-		defer tc.Close()
-		up = tc
-	}
-	if _, err := up.Write(packet); err != nil {
-		s.log.Warn("forward cancel request", "addr", addr, "err", err)
-		return
-	}
-	// Postgres closes the connection after processing the request; waiting
-	// for that keeps the cancel ahead of anything the client does next.
-	var b [1]byte
-	_, _ = up.Read(b[:])
 }

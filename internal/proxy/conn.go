@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/pgwire"
 	"github.com/pgwake/pgwake/internal/relay"
 )
@@ -28,6 +28,11 @@ type clientConn struct {
 	fixed      string   // project of a per-project listener (port routing)
 	serverName string   // TLS SNI, if any
 	project    *project // set once routed; read under srv.mu by RemoveProject
+	// Guarded by srv.mu: late marks a connection accepted once a shutdown
+	// began (answered 57P01, not waited for); startupElem is its place in
+	// the server's list of connections still in their startup phase.
+	late        bool
+	startupElem *list.Element
 
 	mu       sync.Mutex
 	closed   bool
@@ -68,9 +73,13 @@ func (c *clientConn) serve(ctx context.Context) {
 	defer s.forget(c)
 	defer c.close()
 
-	_ = c.conn.SetDeadline(s.now().Add(s.opts.StartupTimeout))
+	_ = c.conn.SetDeadline(time.Now().Add(s.opts.StartupTimeout))
 	startup, ok := c.readStartup()
 	if !ok {
+		return
+	}
+	if s.isClosing() {
+		s.refuse(c.conn, "", pgwire.CodeAdminShutdown, "pgwake is shutting down", "")
 		return
 	}
 
@@ -80,7 +89,7 @@ func (c *clientConn) serve(ctx context.Context) {
 			fmt.Sprintf("project %q does not exist", dbname), s.knownProjectsHint())
 		return
 	}
-	name := p.cfg.Spec.Name
+	name := p.name
 	s.mu.Lock()
 	c.project = p
 	s.mu.Unlock()
@@ -102,10 +111,9 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 	defer p.release()
+	s.startupDone(c)
 
-	p.mu.Lock()
-	spec := p.cfg.Spec
-	p.mu.Unlock()
+	spec := p.spec()
 	if rewrite {
 		startup.Parameters["database"] = spec.Database
 	}
@@ -124,7 +132,7 @@ func (c *clientConn) serve(ctx context.Context) {
 	if !p.running() {
 		wctx, stopWatch = c.watchHangup(ctx)
 	}
-	up, first, err := s.dialReady(wctx, p, packet)
+	up, first, err := p.connect(wctx, packet)
 	early := stopWatch()
 	if err != nil && errors.Is(context.Cause(wctx), errClientGone) {
 		s.log.Debug("client hung up while parked", "project", name, "remote", c.conn.RemoteAddr())
@@ -209,12 +217,6 @@ func (c *clientConn) route(m *pgproto3.StartupMessage) (p *project, name string,
 		}
 	}
 	return nil, db, false
-}
-
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
 }
 
 // readStartup reads first packets until a StartupMessage. It answers
@@ -335,203 +337,6 @@ type prefixConn struct {
 
 func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
-// dialReady connects to the project's server, replays the startup packet
-// and peeks at the first reply. A server that is still starting (57P03) or
-// that closes without a byte (booting, shutting down, a port proxy with no
-// server behind it yet) is retried until the wake deadline, so the client
-// never sees either. It returns the upstream connection and the bytes of
-// the first reply to pass on.
-func (s *Server) dialReady(ctx context.Context, p *project, packet []byte) (net.Conn, []byte, error) {
-	// Waiting for a wake is bounded by the wake's own deadline; the retry
-	// budget starts once the project is awake, so a slow wake does not eat
-	// it.
-	addr, err := p.awake(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	retryCtx, cancel := context.WithTimeout(ctx, s.opts.WakeTimeout)
-	defer cancel()
-	var lastErr error
-	for attempt := 0; ; attempt++ {
-		up, first, retry, err := s.tryUpstream(retryCtx, addr, packet)
-		if err == nil {
-			return up, first, nil
-		}
-		lastErr = keepReason(lastErr, err)
-		if !retry && retryCtx.Err() == nil {
-			return nil, nil, err
-		}
-		if attempt >= 2 {
-			// Repeated failures on a server we believe is running: it may
-			// have been stopped behind our back. Let awake re-check.
-			p.recheck(retryCtx, addr)
-		}
-		select {
-		case <-retryCtx.Done():
-			return nil, nil, fmt.Errorf("timed out waiting for project %q to serve: %w", p.cfg.Spec.Name, lastErr)
-		case <-time.After(s.opts.ReadyPoll):
-		}
-		if addr, err = p.awake(retryCtx); err != nil {
-			return nil, nil, err
-		}
-	}
-}
-
-// tryUpstream dials addr, sends the startup packet and reads the first
-// reply's header. retry reports whether the failure is one a booting server
-// produces.
-func (s *Server) tryUpstream(ctx context.Context, addr string, packet []byte) (_ net.Conn, first []byte, retry bool, err error) {
-	d := net.Dialer{Timeout: 5 * time.Second}
-	up, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, nil, true, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			up.Close()
-		}
-	}()
-	if dl, has := ctx.Deadline(); has {
-		_ = up.SetDeadline(dl)
-	}
-	if s.opts.UpstreamTLS != nil {
-		tc, retry, err := startUpstreamTLS(up, s.opts.UpstreamTLS, addr)
-		if err != nil {
-			return nil, nil, retry, err
-		}
-		up = tc
-	}
-	if _, err := up.Write(packet); err != nil {
-		return nil, nil, true, fmt.Errorf("send startup packet: %w", err)
-	}
-	var h pgwire.ReplyHeader
-	if n, err := io.ReadFull(up, h[:]); err != nil {
-		if n == 0 && (errors.Is(err, io.EOF) || isReset(err)) {
-			return nil, nil, true, errors.New("server closed the connection before replying")
-		}
-		return nil, nil, false, fmt.Errorf("read first reply: %w", err)
-	}
-	first = h[:]
-	if h.Type() == 'E' {
-		e, body, err := pgwire.DecodeUpstreamError(up, h)
-		if err != nil {
-			return nil, nil, false, err
-		}
-		if e.Code == pgwire.CodeCannotConnectNow {
-			return nil, nil, true, fmt.Errorf("server not ready: %s", e.Message)
-		}
-		first = append(first, body...)
-	}
-	_ = up.SetDeadline(time.Time{})
-	ok = true
-	return up, first, false, nil
-}
-
-// sslRequest is the 8-byte SSLRequest packet.
-var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
-
-// startUpstreamTLS negotiates TLS with a Postgres server the libpq way
-// (SSLRequest, 'S', handshake). A server that answers 'N' is refused: the
-// operator asked for TLS. With no RootCAs in conf the certificate is not
-// verified (sslmode=require); with them it is (verify-full).
-func startUpstreamTLS(up net.Conn, conf *tls.Config, addr string) (net.Conn, bool, error) {
-	if _, err := up.Write(sslRequest); err != nil {
-		return nil, true, fmt.Errorf("send SSLRequest: %w", err)
-	}
-	var b [1]byte
-	if n, err := io.ReadFull(up, b[:]); err != nil {
-		if n == 0 && (errors.Is(err, io.EOF) || isReset(err)) {
-			return nil, true, errors.New("server closed the connection before replying")
-		}
-		return nil, false, fmt.Errorf("read SSLRequest answer: %w", err)
-	}
-	if b[0] != 'S' {
-		return nil, false, fmt.Errorf("server %s does not accept TLS (answered %q) but upstream TLS is required", addr, b[0])
-	}
-	c := conf.Clone()
-	if c.ServerName == "" {
-		host, _, _ := net.SplitHostPort(addr)
-		c.ServerName = host
-	}
-	tc := tls.Client(relay.Conn(up), c)
-	if err := tc.Handshake(); err != nil {
-		return nil, false, fmt.Errorf("upstream TLS handshake: %w", err)
-	}
-	return tc, false, nil
-}
-
-// keepReason keeps the backend's own reason (57P03's message, say) over
-// the deadline error that ends the last attempt.
-func keepReason(prev, err error) error {
-	if prev != nil && (isTimeout(err) || errors.Is(err, context.DeadlineExceeded)) {
-		return prev
-	}
-	return err
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func isReset(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && !op.Timeout()
-}
-
-// recheck asks the backend whether the server at addr still runs and marks
-// the project down if not.
-func (p *project) recheck(ctx context.Context, addr string) {
-	p.mu.Lock()
-	spec := p.cfg.Spec
-	p.mu.Unlock()
-	st, err := p.srv.opts.Backend.Status(ctx, spec)
-	if err == nil && (st.State != backend.StateRunning || st.Addr != addr) {
-		p.markDown(addr)
-	}
-}
-
-// waitReady polls addr until Postgres accepts a startup packet: any reply
-// other than 57P03 (authentication request, or even an authentication
-// error) proves the server serves. The poll interval is short so readiness
-// is seen within tens of milliseconds.
-func (s *Server) waitReady(ctx context.Context, spec backend.Spec, addr string) error {
-	probe := &pgproto3.StartupMessage{
-		ProtocolVersion: pgproto3.ProtocolVersion30,
-		Parameters: map[string]string{
-			"user": spec.User, "database": spec.Database, "application_name": "pgwake-probe",
-		},
-	}
-	packet, err := probe.Encode(nil)
-	if err != nil {
-		return err
-	}
-	var lastErr error
-	for {
-		up, first, retry, err := s.tryUpstream(ctx, addr, packet)
-		if err == nil {
-			// Read the rest of the reply before closing: closing with
-			// unread input resets the connection, and Postgres logs that.
-			if h := pgwire.ReplyHeader(first[:5]); h.BodyLen() > 0 && h.BodyLen() < 1<<16 && len(first) == 5 {
-				_ = up.SetReadDeadline(time.Now().Add(time.Second))
-				_, _ = io.CopyN(io.Discard, up, int64(h.BodyLen()))
-			}
-			up.Close()
-			return nil
-		}
-		if !retry && ctx.Err() == nil && !isTimeout(err) {
-			return err
-		}
-		lastErr = keepReason(lastErr, err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("server did not become ready: %w", lastErr)
-		case <-time.After(s.opts.ReadyPoll):
-		}
-	}
-}
-
 // pipe relays the startup phase from the server (learning the session's
 // BackendKeyData for cancels), then copies bytes both ways until either
 // side closes, then closes both. It returns the bytes each way. Between two
@@ -592,7 +397,7 @@ func relayStartup(client io.Writer, up io.Reader, first []byte) (n int64, key []
 	for {
 		body := h.BodyLen()
 		if body < 0 || body > maxStartupMessage {
-			return n, key, fmt.Errorf("server message of %d bytes during startup", body)
+			return n, key, fmt.Errorf("server message with length %d during startup", h.Len())
 		}
 		if cap(buf) < body {
 			buf = make([]byte, body)

@@ -6,3 +6,13 @@ func (s *Server) CancelKeys() int {
 	defer s.cancels.mu.Unlock()
 	return len(s.cancels.keys)
 }
+
+// Closing is closed once a shutdown has begun.
+func (s *Server) Closing() <-chan struct{} { return s.closingCh }
+
+// StartupConns is the number of connections still in their startup phase.
+func (s *Server) StartupConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.startup.Len()
+}

@@ -62,7 +62,6 @@ func newHarness(t testing.TB, k kit, o harnessOptions) *harness {
 	}
 
 	opts := o.proxy
-	opts.Backend = h.be
 	opts.Logger = log
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = 50 * time.Millisecond
@@ -123,7 +122,7 @@ func (h *harness) addProject(name string, mode backend.SleepMode, sleepAfter tim
 	if err := h.be.Ensure(h.t.Context(), spec); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := h.srv.AddProject(h.t.Context(), proxy.Project{Spec: spec, SleepAfter: sleepAfter, SleepMode: mode}); err != nil {
+	if err := h.srv.AddProject(h.t.Context(), proxy.Project{Spec: spec, Backend: h.be, SleepAfter: sleepAfter, SleepMode: mode}); err != nil {
 		h.t.Fatal(err)
 	}
 	return spec

@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,9 +29,38 @@ const (
 // Project is a project's configuration as the proxy needs it.
 type Project struct {
 	Spec       backend.Spec
-	SleepAfter time.Duration // zero: never sleep on idle
+	Backend    backend.Backend // where its server runs
+	SleepAfter time.Duration   // zero: never sleep on idle
 	SleepMode  backend.SleepMode
 	Pinned     bool
+}
+
+// env is what a project needs from outside, and all it may call: a clock,
+// the upstream dialler, hooks and timings. It holds no pointer back to the
+// Server, so the state machine can be driven alone (tests script a backend
+// under it).
+type env struct {
+	now      func() time.Time
+	log      *slog.Logger
+	up       *upstream
+	base     context.Context // wakes and sleeps run on it, detached from clients
+	onChange func(project string)
+	onWake   func(project string, took time.Duration, err error)
+
+	wakeTimeout time.Duration
+	stopTimeout time.Duration
+	grace       time.Duration
+	readyPoll   time.Duration
+	statusEvery time.Duration // how often a wake asks the runtime whether the server still runs
+	maxConns    int
+	backoff     func(failures int) time.Duration
+}
+
+// target is the server a running project is dialled at: its address, and
+// the run of the server that owned that address when the project woke.
+type target struct {
+	addr string
+	id   string
 }
 
 // wakeCall is one in-flight wake shared by every client that arrives while
@@ -36,15 +70,22 @@ type wakeCall struct {
 	err  error
 }
 
-// project is the runtime state of one project. Every field below mu is
-// guarded by it; no I/O happens while it is held.
+// project is the runtime state of one project and owns its whole life:
+// adoption, wake, readiness, connect, sleep, recheck and shutdown. Every
+// field below mu is guarded by it; no I/O happens while it is held.
 type project struct {
-	srv *Server
+	name string
+	be   backend.Backend
+	env  *env
+	log  *slog.Logger
+	// kick wakes a wake's readiness loop early when the runtime reports a
+	// change (the server died), so it checks now instead of at its next poll.
+	kick chan struct{}
 
 	mu         sync.Mutex
 	cfg        Project
 	state      State
-	addr       string
+	target     target
 	active     int // connections holding a slot: parked or piping
 	queued     int // of those, parked waiting for a wake or a sleep to end
 	wake       *wakeCall
@@ -62,6 +103,18 @@ type project struct {
 	removed    bool
 }
 
+func newProject(cfg Project, e *env) *project {
+	if cfg.SleepMode == "" {
+		cfg.SleepMode = backend.SleepStop
+	}
+	return &project{
+		name: cfg.Spec.Name, be: cfg.Backend, env: e,
+		log:  e.log.With("project", cfg.Spec.Name),
+		kick: make(chan struct{}, 1),
+		cfg:  cfg, state: StateSleeping, lastActive: e.now(),
+	}
+}
+
 // Event is one entry of a project's recent history, for the TUI.
 type Event struct {
 	At  time.Time `json:"at"`
@@ -71,16 +124,22 @@ type Event struct {
 // maxEvents bounds the history kept per project.
 const maxEvents = 20
 
+// maxLatencies bounds the cold-start history kept per project.
+const maxLatencies = 100
+
 // recordLocked appends to the project's history; p.mu must be held.
 func (p *project) recordLocked(format string, args ...any) {
-	p.events = append(p.events, Event{At: p.srv.now(), Msg: fmt.Sprintf(format, args...)})
+	p.events = append(p.events, Event{At: p.env.now(), Msg: fmt.Sprintf(format, args...)})
 	if len(p.events) > maxEvents {
 		p.events = p.events[len(p.events)-maxEvents:]
 	}
 }
 
-// maxLatencies bounds the cold-start history kept per project.
-const maxLatencies = 100
+func (p *project) notify() {
+	if p.env.onChange != nil {
+		p.env.onChange(p.name)
+	}
+}
 
 // WakeError is a failed or refused wake, reported to clients with its reason.
 type WakeError struct {
@@ -102,21 +161,57 @@ func (e *WakeError) Unwrap() error { return e.Err }
 // errRemoved is returned to clients of a project removed while they waited.
 var errRemoved = errors.New("project was removed")
 
+// errNotOurServer means the address a project was dialled at no longer
+// belongs to the server pgwake started for it (it exited, or was replaced):
+// whatever answers there is somebody else's, and is never relayed to.
+var errNotOurServer = errors.New("not the server pgwake started for this project")
+
+// adopt takes over the project's server in whatever state the runtime
+// reports: a running server is Running (idle accounting starts now),
+// anything else is Sleeping. A runtime that cannot answer leaves the
+// project Sleeping with the error recorded: its clients get that error
+// when they connect, and nothing is ever started elsewhere.
+func (p *project) adopt(ctx context.Context) {
+	st, err := p.be.Status(ctx, p.cfg.Spec)
+	p.mu.Lock()
+	if err != nil {
+		p.lastErr, p.lastErrAt = err.Error(), p.env.now()
+		p.recordLocked("cannot reach its server: %v", err)
+	} else if st.State == backend.StateRunning {
+		p.state, p.target, p.wokeAt = StateRunning, target{addr: st.Addr, id: st.ID}, p.env.now()
+	}
+	state := p.state
+	p.mu.Unlock()
+	if err != nil {
+		p.log.Warn("project registered; its backend does not answer", "backend", p.be.Name(), "err", err)
+		return
+	}
+	p.log.Info("project registered", "state", state, "backend", p.be.Name(), "backend_state", st.State)
+}
+
 // acquire takes a connection slot on the project (and counts it as active,
 // which keeps the project from being put to sleep). The slot must be given
 // back with release exactly once.
 func (p *project) acquire() (ok, removed bool) {
 	p.mu.Lock()
-	if p.removed || p.active >= p.srv.opts.MaxProjectConns {
+	if p.removed || p.active >= p.env.maxConns {
 		removed = p.removed
 		p.mu.Unlock()
 		return false, removed
 	}
 	p.active++
-	p.lastActive = p.srv.now()
+	p.lastActive = p.env.now()
 	p.mu.Unlock()
-	p.srv.notify(p.cfg.Spec.Name)
+	p.notify()
 	return true, false
+}
+
+func (p *project) release() {
+	p.mu.Lock()
+	p.active--
+	p.lastActive = p.env.now()
+	p.mu.Unlock()
+	p.notify()
 }
 
 // running reports whether the project's server is up right now.
@@ -126,44 +221,42 @@ func (p *project) running() bool {
 	return p.state == StateRunning
 }
 
-func (p *project) release() {
+// spec returns the project's current spec.
+func (p *project) spec() backend.Spec {
 	p.mu.Lock()
-	p.active--
-	p.lastActive = p.srv.now()
-	p.mu.Unlock()
-	p.srv.notify(p.cfg.Spec.Name)
+	defer p.mu.Unlock()
+	return p.cfg.Spec
 }
 
-// awake returns the address of the project's running server, waking it if
-// needed. The caller holds a slot (acquire) before calling, so the project
-// cannot be put to sleep between this check and its use: that is the
-// "register before checking state" rule that prevents lost wake-ups.
-func (p *project) awake(ctx context.Context) (string, error) {
+// awake returns the project's running server, waking it if needed. The
+// caller holds a slot (acquire) before calling, so the project cannot be
+// put to sleep between this check and its use: that is the "register
+// before checking state" rule that prevents lost wake-ups.
+func (p *project) awake(ctx context.Context) (target, error) {
 	for {
 		p.mu.Lock()
 		if p.removed {
 			p.mu.Unlock()
-			return "", &WakeError{Project: p.cfg.Spec.Name, Err: errRemoved}
+			return target{}, &WakeError{Project: p.name, Err: errRemoved}
 		}
 		switch p.state {
 		case StateRunning:
-			addr := p.addr
+			t := p.target
 			p.mu.Unlock()
-			return addr, nil
+			return t, nil
 		case StateStopping:
 			ch := p.stopDone
 			p.queued++
 			p.mu.Unlock()
-			err := p.park(ctx, ch)
-			if err != nil {
-				return "", err
+			if err := p.park(ctx, ch); err != nil {
+				return target{}, err
 			}
 			continue // it is asleep now; wake it again
 		case StateSleeping:
-			if now := p.srv.now(); now.Before(p.retryAt) {
-				err := &WakeError{Project: p.cfg.Spec.Name, Err: errors.New(p.lastErr), RetryAt: p.retryAt}
+			if now := p.env.now(); now.Before(p.retryAt) {
+				err := &WakeError{Project: p.name, Err: errors.New(p.lastErr), RetryAt: p.retryAt}
 				p.mu.Unlock()
-				return "", err
+				return target{}, err
 			}
 			p.wake = &wakeCall{done: make(chan struct{})}
 			p.state = StateWaking
@@ -174,10 +267,10 @@ func (p *project) awake(ctx context.Context) (string, error) {
 		p.queued++
 		p.mu.Unlock()
 		if err := p.park(ctx, c.done); err != nil {
-			return "", err
+			return target{}, err
 		}
 		if c.err != nil {
-			return "", c.err
+			return target{}, c.err
 		}
 	}
 }
@@ -195,7 +288,7 @@ func (p *project) inFlight() chan struct{} {
 // park waits for done with the connection counted as queued; p.queued was
 // incremented by the caller under the lock.
 func (p *project) park(ctx context.Context, done <-chan struct{}) error {
-	p.srv.notify(p.cfg.Spec.Name)
+	p.notify()
 	var err error
 	select {
 	case <-done:
@@ -205,7 +298,7 @@ func (p *project) park(ctx context.Context, done <-chan struct{}) error {
 	p.mu.Lock()
 	p.queued--
 	p.mu.Unlock()
-	p.srv.notify(p.cfg.Spec.Name)
+	p.notify()
 	return err
 }
 
@@ -213,30 +306,30 @@ func (p *project) park(ctx context.Context, done <-chan struct{}) error {
 // context detached from the client that triggered it, so a client giving up
 // does not abort a wake other clients are waiting for.
 func (p *project) runWake(c *wakeCall, spec backend.Spec) {
-	s := p.srv
-	start := s.now()
-	ctx, cancel := context.WithTimeout(s.baseCtx, s.opts.WakeTimeout)
+	e := p.env
+	start := e.now()
+	ctx, cancel := context.WithTimeout(e.base, e.wakeTimeout)
 	defer cancel()
 
-	s.log.Info("waking project", "project", spec.Name)
-	addr, err := p.startAndWait(ctx, spec)
-	took := s.now().Sub(start)
+	p.log.Info("waking project")
+	t, err := p.startAndWait(ctx, spec)
+	took := e.now().Sub(start)
 
 	p.mu.Lock()
 	if err != nil {
 		p.state = StateSleeping
 		p.failures++
 		p.wakeFails++
-		p.retryAt = s.now().Add(s.backoff(p.failures))
-		p.lastErr, p.lastErrAt = err.Error(), s.now()
+		p.retryAt = e.now().Add(e.backoff(p.failures))
+		p.lastErr, p.lastErrAt = err.Error(), e.now()
 		p.recordLocked("wake failed after %s: %v", took.Round(time.Millisecond), err)
-		c.err = &WakeError{Project: spec.Name, Err: err}
+		c.err = &WakeError{Project: p.name, Err: err}
 	} else {
 		p.state = StateRunning
-		p.addr = addr
+		p.target = t
 		p.failures = 0
 		p.retryAt = time.Time{}
-		p.wokeAt = s.now()
+		p.wokeAt = e.now()
 		p.lastActive = p.wokeAt
 		p.wakes++
 		p.recordLocked("awake in %s", took.Round(time.Millisecond))
@@ -249,41 +342,253 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	close(c.done)
 	p.mu.Unlock()
 
-	if s.opts.OnWake != nil {
-		s.opts.OnWake(spec.Name, took, err)
+	if e.onWake != nil {
+		e.onWake(p.name, took, err)
 	}
 	if err != nil {
-		s.log.Error("wake failed", "project", spec.Name, "after", took.Round(time.Millisecond), "err", err)
+		p.log.Error("wake failed", "after", took.Round(time.Millisecond), "err", err)
 	} else {
-		s.log.Info("project awake", "project", spec.Name, "took", took.Round(time.Millisecond), "addr", addr)
+		p.log.Info("project awake", "took", took.Round(time.Millisecond), "addr", t.addr)
 	}
-	s.notify(spec.Name)
+	p.notify()
 }
 
-func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (string, error) {
-	ep, err := p.srv.opts.Backend.Start(ctx, spec)
+// startAndWait starts the server, waits until Postgres serves, and then
+// confirms that the server that answered is the one it started.
+func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (target, error) {
+	ep, err := p.be.Start(ctx, spec)
 	if err != nil {
-		return "", err
+		return target{}, err
 	}
+	t := target{addr: ep.Addr, id: ep.ID}
 	if ep.Serving {
-		return ep.Addr, nil
+		// Resumed a server that was serving: nothing answered yet, and
+		// every client connection confirms the server anyway.
+		return t, nil
 	}
-	if err := p.srv.waitReady(ctx, spec, ep.Addr); err != nil {
-		return "", err
+	if err := p.waitReady(ctx, spec, t); err != nil {
+		return target{}, err
 	}
-	return ep.Addr, nil
+	// The probe's reply proves something serves at the address; the same
+	// run still owning it afterwards proves it was this project's server.
+	if err := p.confirm(ctx, spec, t); err != nil {
+		return target{}, err
+	}
+	return t, nil
+}
+
+// waitReady probes the server until Postgres accepts a startup packet. The
+// poll interval is short so readiness is seen within tens of milliseconds;
+// every statusEvery (or at once when the runtime reports a change) it asks
+// the runtime whether the server still runs, so a server that died while
+// booting ends the wake at once, with its reason, instead of at the wake
+// timeout, and an address handed to someone else is never probed further.
+func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target) error {
+	e := p.env
+	packet, err := probePacket(spec.User, spec.Database)
+	if err != nil {
+		return err
+	}
+	var lastErr error
+	lastCheck := e.now()
+	for {
+		retry, err := e.up.probe(ctx, t.addr, packet)
+		if err == nil {
+			return nil
+		}
+		if !retry && ctx.Err() == nil && !isTimeout(err) {
+			return err
+		}
+		lastErr = keepReason(lastErr, err)
+		check := false
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server did not become ready: %w", lastErr)
+		case <-p.kick:
+			check = true
+		case <-time.After(e.readyPoll):
+			check = e.now().Sub(lastCheck) >= e.statusEvery
+		}
+		if check {
+			lastCheck = e.now()
+			if err := p.confirm(ctx, spec, t); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// confirm asks the runtime whether the server at t is still the run that
+// was started there. Called after a connection to t.addr has been made, a
+// nil result proves that connection reached this project's server: the
+// address belonged to that run before and after. A server that is gone
+// gives its exit reason and the last lines of its log.
+func (p *project) confirm(ctx context.Context, spec backend.Spec, t target) error {
+	st, err := p.be.Status(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("check the server is still the one started: %w", err)
+	}
+	switch {
+	case st.State != backend.StateRunning:
+		return p.exitError(ctx, spec, st)
+	case st.Addr != t.addr:
+		return fmt.Errorf("%w: the server moved from %s to %s", errNotOurServer, t.addr, st.Addr)
+	case t.id != "" && st.ID != t.id:
+		return fmt.Errorf("%w: the server at %s was restarted outside pgwake", errNotOurServer, t.addr)
+	}
+	return nil
+}
+
+// logTailLines is how much of a dead server's log its clients are shown.
+const logTailLines = 10
+
+// exitError describes a server that stopped when it should run: the
+// runtime's exit reason and the last lines of its log, for the client's
+// error message and for `pgwake ls`.
+func (p *project) exitError(ctx context.Context, spec backend.Spec, st backend.Status) error {
+	msg := "server " + string(st.State)
+	if st.State == backend.StateStopped {
+		msg = "server exited"
+	}
+	if st.Exit != "" {
+		msg += " (" + st.Exit + ")"
+	}
+	if tail := p.logTail(ctx, spec); tail != "" {
+		msg += "; its log ends: " + tail
+	}
+	return fmt.Errorf("%w: %s", errNotOurServer, msg)
+}
+
+// logTail returns the last lines of the server's log joined on one line,
+// or "" when the backend keeps no log.
+func (p *project) logTail(ctx context.Context, spec backend.Spec) string {
+	lg, ok := p.be.(backend.Logger)
+	if !ok {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rc, err := lg.Logs(ctx, spec, false, logTailLines)
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	var lines []string
+	sc := bufio.NewScanner(io.LimitReader(rc, 64<<10))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > logTailLines {
+		lines = lines[len(lines)-logTailLines:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// connect reaches the project's server for a client: it wakes the project
+// if needed, dials, replays the startup packet and peeks at the first
+// reply. A server that is still starting (57P03) or that closes without a
+// byte (booting, shutting down, a port proxy with no server behind it yet)
+// is retried until the wake deadline, so the client never sees either.
+// Every connection is confirmed to have reached the server this project
+// started before a byte of it is relayed. It returns the upstream
+// connection and the bytes of the first reply to pass on.
+func (p *project) connect(ctx context.Context, packet []byte) (net.Conn, []byte, error) {
+	// Waiting for a wake is bounded by the wake's own deadline; the retry
+	// budget starts once the project is awake, so a slow wake does not eat
+	// it.
+	t, err := p.awake(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	retryCtx, cancel := context.WithTimeout(ctx, p.env.wakeTimeout)
+	defer cancel()
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		up, first, retry, err := p.try(retryCtx, t, packet)
+		if err == nil {
+			return up, first, nil
+		}
+		lastErr = keepReason(lastErr, err)
+		switch {
+		case errors.Is(err, errNotOurServer):
+			// Whatever answers there is not ours: forget the address and
+			// let awake start the project's own server again.
+			p.markDown(t, err)
+		case !retry && retryCtx.Err() == nil:
+			return nil, nil, err
+		case attempt >= 2:
+			// Repeated failures on a server we believe is running: it may
+			// have been stopped behind our back. Let awake re-check.
+			p.recheck(retryCtx, t)
+		}
+		select {
+		case <-retryCtx.Done():
+			return nil, nil, fmt.Errorf("timed out waiting for project %q to serve: %w", p.name, lastErr)
+		case <-time.After(p.env.readyPoll):
+		}
+		if t, err = p.awake(retryCtx); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// try makes one connection to t for a client. The runtime is asked whether
+// t is still this project's server once the TCP connection exists, while
+// the startup exchange runs, so the check costs no round trip of its own.
+func (p *project) try(ctx context.Context, t target, packet []byte) (_ net.Conn, first []byte, retry bool, err error) {
+	e := p.env
+	c, err := e.up.dial(ctx, t.addr)
+	if err != nil {
+		return nil, nil, true, err
+	}
+	spec := p.spec()
+	confirmed := make(chan error, 1)
+	go func() { confirmed <- p.confirm(ctx, spec, t) }()
+	up, first, retry, err := e.up.exchange(ctx, c, t.addr, packet)
+	if cerr := <-confirmed; cerr != nil {
+		if up != nil {
+			up.Close()
+		}
+		return nil, nil, true, cerr
+	}
+	return up, first, retry, err
+}
+
+// recheck asks the backend whether the server at t still runs and marks
+// the project down if not.
+func (p *project) recheck(ctx context.Context, t target) {
+	if err := p.confirm(ctx, p.spec(), t); errors.Is(err, errNotOurServer) {
+		p.markDown(t, err)
+	}
+}
+
+// markDown records that the server at t is gone (stopped outside pgwake,
+// crashed, its address reused), so the next awake call wakes it again.
+func (p *project) markDown(t target, why error) {
+	p.mu.Lock()
+	if p.state != StateRunning || p.target != t {
+		p.mu.Unlock()
+		return
+	}
+	p.state, p.target = StateSleeping, target{}
+	p.lastErr, p.lastErrAt = why.Error(), p.env.now()
+	p.recordLocked("server gone: %v", why)
+	p.mu.Unlock()
+	p.log.Warn("server gone; the next client wakes it again", "err", why)
+	p.notify()
 }
 
 // maybeSleep puts the project to sleep if it has been idle long enough. The
 // counts are checked under the lock right before the state moves to
 // Stopping; clients arriving after that wait for the stop and wake it again.
 func (p *project) maybeSleep(force bool) {
-	s := p.srv
-	now := s.now()
+	now := p.env.now()
 	p.mu.Lock()
 	idle := p.state == StateRunning && p.active == 0 && !p.removed
 	due := !p.cfg.Pinned && p.cfg.SleepAfter > 0 &&
-		now.Sub(p.lastActive) >= p.cfg.SleepAfter && now.Sub(p.wokeAt) >= s.opts.GracePeriod
+		now.Sub(p.lastActive) >= p.cfg.SleepAfter && now.Sub(p.wokeAt) >= p.env.grace
 	if !idle || !(due || force) {
 		p.mu.Unlock()
 		return
@@ -294,18 +599,18 @@ func (p *project) maybeSleep(force bool) {
 // sleepLocked moves a Running project to Stopping, unlocks, and calls the
 // backend. p.mu must be held; it is released.
 func (p *project) sleepLocked(mode backend.SleepMode) {
-	s := p.srv
+	e := p.env
 	spec := p.cfg.Spec
 	done := make(chan struct{})
 	p.state = StateStopping
 	p.stopDone = done
 	p.recordLocked("going to sleep (%s)", mode)
 	p.mu.Unlock()
-	s.notify(spec.Name)
+	p.notify()
 
-	s.log.Info("putting project to sleep", "project", spec.Name, "mode", mode)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.baseCtx), s.opts.StopTimeout)
-	err := s.opts.Backend.Sleep(ctx, spec, mode)
+	p.log.Info("putting project to sleep", "mode", mode)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.base), e.stopTimeout)
+	err := p.be.Sleep(ctx, spec, mode)
 	cancel()
 
 	p.mu.Lock()
@@ -313,42 +618,73 @@ func (p *project) sleepLocked(mode backend.SleepMode) {
 		// The server may still run: keep it Running so the sweep tries
 		// again; a client finding it gone makes recheck mark it down.
 		p.state = StateRunning
-		p.lastActive = s.now()
-	} else {
-		p.state = StateSleeping
-		p.addr = ""
-	}
-	p.stopDone = nil
-	if err != nil {
-		p.lastErr, p.lastErrAt = err.Error(), s.now()
+		p.lastActive = e.now()
+		p.lastErr, p.lastErrAt = err.Error(), e.now()
 		p.recordLocked("sleep (%s) failed: %v", mode, err)
 	} else {
+		p.state = StateSleeping
+		p.target = target{}
 		p.recordLocked("asleep (%s)", mode)
 	}
+	p.stopDone = nil
 	waiting := p.active
 	p.mu.Unlock()
 	close(done)
 	if err != nil {
-		s.log.Error("sleep failed", "project", spec.Name, "err", err)
+		p.log.Error("sleep failed", "err", err)
 	} else {
-		s.log.Info("project asleep", "project", spec.Name, "waiting_clients", waiting)
+		p.log.Info("project asleep", "waiting_clients", waiting)
 	}
-	s.notify(spec.Name)
+	p.notify()
+}
+
+// sleepNow puts a running project to sleep unless clients are connected,
+// first letting a wake or sleep in flight finish.
+func (p *project) sleepNow(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		switch {
+		case p.state == StateSleeping:
+			p.mu.Unlock()
+			return nil
+		case p.state == StateRunning && p.active > 0:
+			n := p.active
+			p.mu.Unlock()
+			return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
+		case p.state == StateRunning:
+			p.sleepLocked(p.cfg.SleepMode)
+			return nil
+		}
+		ch := p.inFlight()
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // observe applies a state the backend reported on its own (a container
 // stopped, paused or removed by hand). Transitions pgwake itself is making
 // win; a stale event is checked against the backend before it is believed.
+// A wake in progress is only nudged: its readiness loop checks at once.
 func (p *project) observe(st backend.State) {
-	s := p.srv
 	p.mu.Lock()
 	spec, cur := p.cfg.Spec, p.state
 	p.mu.Unlock()
+	if cur == StateWaking {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
 	if cur != StateRunning && cur != StateSleeping {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.baseCtx, 10*time.Second)
-	status, err := s.opts.Backend.Status(ctx, spec)
+	ctx, cancel := context.WithTimeout(p.env.base, 10*time.Second)
+	status, err := p.be.Status(ctx, spec)
 	cancel()
 	if err != nil {
 		return
@@ -356,32 +692,65 @@ func (p *project) observe(st backend.State) {
 	p.mu.Lock()
 	switch {
 	case p.state == StateRunning && status.State != backend.StateRunning:
-		p.state, p.addr = StateSleeping, ""
+		p.state, p.target = StateSleeping, target{}
+		if status.Exit != "" {
+			p.lastErr, p.lastErrAt = "server "+string(status.State)+" outside pgwake ("+status.Exit+")", p.env.now()
+		}
 		p.recordLocked("server %s outside pgwake", status.State)
-		s.log.Warn("server stopped outside pgwake", "project", spec.Name, "state", status.State)
+		p.log.Warn("server stopped outside pgwake", "state", status.State, "exit", status.Exit)
 	case p.state == StateSleeping && p.wake == nil && status.State == backend.StateRunning && st == backend.StateRunning:
 		// Started by hand: adopt it and let the idle sweep manage it.
-		p.state, p.addr = StateRunning, status.Addr
-		p.lastActive, p.wokeAt = s.now(), s.now()
+		p.state, p.target = StateRunning, target{addr: status.Addr, id: status.ID}
+		p.lastActive, p.wokeAt = p.env.now(), p.env.now()
 		p.recordLocked("server started outside pgwake; adopted")
-		s.log.Info("server started outside pgwake; adopted", "project", spec.Name)
+		p.log.Info("server started outside pgwake; adopted")
 	default:
 		p.mu.Unlock()
 		return
 	}
 	p.mu.Unlock()
-	s.notify(spec.Name)
+	p.notify()
 }
 
-// markDown records that the server at addr stopped answering (for example
-// it was stopped outside pgwake and the event has not arrived yet), so the
-// next awake call wakes it again.
-func (p *project) markDown(addr string) {
+// remove marks the project removed, so no new wake or sleep starts, and
+// returns the channel of the one in flight (nil if none).
+func (p *project) remove() chan struct{} {
 	p.mu.Lock()
-	if p.state == StateRunning && p.addr == addr {
-		p.state, p.addr = StateSleeping, ""
+	defer p.mu.Unlock()
+	p.removed = true
+	return p.inFlight()
+}
+
+// shutdown puts the project's server to sleep for a pgwake that exits: it
+// lets a wake or sleep in flight finish, then stops a running server, and
+// also stops a paused one (a paused server left behind would hold its
+// memory with nobody to wake it). Stopping a stopped server is a no-op.
+func (p *project) shutdown() error {
+	p.mu.Lock()
+	for p.state == StateWaking || p.state == StateStopping {
+		ch := p.inFlight()
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
 	}
+	if p.state == StateRunning {
+		p.sleepLocked(backend.SleepStop)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.state == StateRunning {
+			return errors.New(p.lastErr)
+		}
+		return nil
+	}
+	paused := p.cfg.SleepMode == backend.SleepPause
+	spec := p.cfg.Spec
 	p.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.env.stopTimeout)
+	defer cancel()
+	return p.be.Sleep(ctx, spec, backend.SleepStop)
 }
 
 // Status is a snapshot of one project, for the admin API and the TUI.
@@ -394,6 +763,7 @@ type Status struct {
 	SleepAfter  time.Duration   `json:"sleep_after"`
 	SleepMode   string          `json:"sleep_mode"`
 	Image       string          `json:"image"`
+	Backend     string          `json:"backend"`
 	Wakes       int             `json:"wakes"`
 	WakeFails   int             `json:"wake_failures"`
 	LastWake    time.Duration   `json:"last_wake"`
@@ -411,14 +781,13 @@ type Status struct {
 }
 
 func (p *project) status() Status {
-	s := p.srv
-	now := s.now()
+	now := p.env.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := Status{
-		Name: p.cfg.Spec.Name, State: p.state, Active: p.active, Queued: p.queued, Pinned: p.cfg.Pinned,
+		Name: p.name, State: p.state, Active: p.active, Queued: p.queued, Pinned: p.cfg.Pinned,
 		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), Image: p.cfg.Spec.Image,
-		Wakes: p.wakes, WakeFails: p.wakeFails,
+		Backend: p.be.Name(), Wakes: p.wakes, WakeFails: p.wakeFails,
 		LastError: p.lastErr, LastErrorAt: p.lastErrAt, LastActive: p.lastActive,
 		Recent: append([]time.Duration(nil), p.latencies...),
 		Events: append([]Event(nil), p.events...),
@@ -438,7 +807,7 @@ func (p *project) status() Status {
 		st.IdleFor = now.Sub(p.lastActive)
 		if !p.cfg.Pinned && p.cfg.SleepAfter > 0 {
 			due := p.lastActive.Add(p.cfg.SleepAfter)
-			if g := p.wokeAt.Add(s.opts.GracePeriod); g.After(due) {
+			if g := p.wokeAt.Add(p.env.grace); g.After(due) {
 				due = g
 			}
 			st.SleepsIn = max(due.Sub(now), 0)

@@ -293,7 +293,7 @@ func TestIntegrationWakeFailureBacksOff(t *testing.T) {
 		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{BackoffBase: time.Minute}})
 		// An image that is neither present nor pullable here: every wake fails.
 		spec, reason := k.brokenSpec(t, h)
-		if err := h.srv.AddProject(t.Context(), proxy.Project{Spec: spec, SleepMode: backend.SleepStop}); err != nil {
+		if err := h.srv.AddProject(t.Context(), proxy.Project{Spec: spec, Backend: h.be, SleepMode: backend.SleepStop}); err != nil {
 			t.Fatal(err)
 		}
 		ctx := t.Context()
@@ -346,5 +346,43 @@ func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
 			"--mount", "type=tmpfs,destination=/var/lib/postgresql/data", h.image)
 		conn := h.connect(ctx, spec)
 		wantRow(t, conn, 7, "select v from keep")
+	})
+}
+
+func TestIntegrationShutdownTellsClientsTheTruth(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("bye", backend.SleepStop, 0)
+		ctx := t.Context()
+		session := h.connect(ctx, spec) // still open when the drain ends
+
+		drain, endDrain := context.WithCancel(context.Background())
+		defer endDrain()
+		done := make(chan error, 1)
+		go func() { done <- h.srv.Shutdown(drain) }()
+		<-h.srv.Closing()
+
+		// A client connecting during the drain is told why, in the protocol.
+		_, err := pgx.Connect(ctx, h.url(spec))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57P01" {
+			t.Fatalf("connect during the drain: %v, want 57P01", err)
+		}
+		// The open session goes on while the drain lasts.
+		wantRow(t, session, 1, "select 1")
+
+		endDrain()
+		if err := <-done; err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		// The session's server was stopped with a fast shutdown while the
+		// session was attached: Postgres ended it with FATAL 57P01.
+		_, err = session.Exec(ctx, "select 1")
+		if !errors.As(err, &pgErr) || pgErr.Code != "57P01" {
+			t.Fatalf("session after the drain: %v, want 57P01", err)
+		}
+		if st := h.status("bye"); st.State != proxy.StateSleeping {
+			t.Fatalf("state %s after shutdown, want sleeping", st.State)
+		}
 	})
 }

@@ -28,16 +28,17 @@ type scriptedUpstream struct {
 	mu       sync.Mutex
 	script   []string // "57P03", "eof" or "ok"
 	attempts int
+	version  string // server_version it reports: which server a client reached
 	wg       sync.WaitGroup
 }
 
-func newScriptedUpstream(t *testing.T, script ...string) *scriptedUpstream {
+func newScriptedUpstream(t testing.TB, script ...string) *scriptedUpstream {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &scriptedUpstream{ln: ln, script: script}
+	u := &scriptedUpstream{ln: ln, script: script, version: "15-scripted"}
 	u.wg.Add(1)
 	go u.serve()
 	t.Cleanup(func() { ln.Close(); u.wg.Wait() })
@@ -57,6 +58,7 @@ func (u *scriptedUpstream) serve() {
 			step = u.script[u.attempts]
 		}
 		u.attempts++
+		version := u.version
 		u.mu.Unlock()
 		u.wg.Add(1)
 		go func() {
@@ -75,7 +77,7 @@ func (u *scriptedUpstream) serve() {
 				return
 			}
 			be.Send(&pgproto3.AuthenticationOk{})
-			be.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: "15-scripted"})
+			be.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: version})
 			be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
 			be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 			if be.Flush() != nil {
@@ -92,6 +94,15 @@ func (u *scriptedUpstream) serve() {
 			}
 		}()
 	}
+}
+
+// named sets the server_version the server reports, so a test can tell
+// which server a client reached.
+func (u *scriptedUpstream) named(version string) *scriptedUpstream {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.version = version
+	return u
 }
 
 func (u *scriptedUpstream) count() int {
@@ -136,29 +147,7 @@ func (b *addrBackend) Status(context.Context, backend.Spec) (backend.Status, err
 
 func serveScripted(t *testing.T, u *scriptedUpstream, opts proxy.Options) (*proxy.Server, string) {
 	t.Helper()
-	opts.Backend = &addrBackend{addr: u.ln.Addr().String()}
-	opts.ReadyPoll = time.Millisecond
-	srv, err := proxy.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := backend.Spec{Name: "app", User: "u", Database: "app"}
-	if err := srv.AddProject(t.Context(), proxy.Project{Spec: spec}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		srv.Close()
-	})
-	return srv, ln.Addr().String()
+	return serveBackend(t, &addrBackend{addr: u.ln.Addr().String()}, opts)
 }
 
 func TestRetriesStartingUpAndEarlyEOF(t *testing.T) {
@@ -221,12 +210,12 @@ func TestRemoveProjectWaitsForInflightWake(t *testing.T) {
 	t.Parallel()
 	u := newScriptedUpstream(t)
 	gb := &gatedBackend{addrBackend: &addrBackend{addr: u.ln.Addr().String()}, entered: make(chan struct{}), release: make(chan struct{})}
-	srv, err := proxy.New(proxy.Options{Backend: gb, ReadyPoll: time.Millisecond})
+	srv, err := proxy.New(proxy.Options{ReadyPoll: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}}); err != nil {
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}, Backend: gb}); err != nil {
 		t.Fatal(err)
 	}
 	go srv.Wake(context.Background(), "app")
@@ -251,7 +240,7 @@ func TestParkedClientHangingUpFreesItsSlot(t *testing.T) {
 	u := newScriptedUpstream(t)
 	gb := &gatedBackend{addrBackend: &addrBackend{addr: u.ln.Addr().String()}, entered: make(chan struct{}), release: make(chan struct{})}
 	changed := make(chan struct{}, 1)
-	srv, err := proxy.New(proxy.Options{Backend: gb, ReadyPoll: time.Millisecond, OnChange: func(string) {
+	srv, err := proxy.New(proxy.Options{ReadyPoll: time.Millisecond, OnChange: func(string) {
 		select {
 		case changed <- struct{}{}:
 		default:
@@ -262,7 +251,7 @@ func TestParkedClientHangingUpFreesItsSlot(t *testing.T) {
 	}
 	defer srv.Close()
 	defer close(gb.release)
-	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}}); err != nil {
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}, Backend: gb}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

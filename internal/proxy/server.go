@@ -2,9 +2,15 @@
 // client's first packets, routes by database name to a project, wakes the
 // project's server once however many clients arrive, replays the startup
 // packet once Postgres really serves, and then pipes bytes.
+//
+// The files split by direction of calls: server.go accepts, routes and
+// orchestrates shutdown; conn.go is one client connection; project.go is
+// one project's state machine (wake, readiness, sleep, adoption); and
+// upstream.go dials project servers. Calls go downward only.
 package proxy
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -25,8 +31,7 @@ import (
 // Options configures a Server. Zero durations and limits take the defaults
 // below.
 type Options struct {
-	Backend backend.Backend
-	Logger  *slog.Logger
+	Logger *slog.Logger
 
 	WakeTimeout     time.Duration // start until Postgres serves
 	StopTimeout     time.Duration // one sleep call
@@ -34,10 +39,16 @@ type Options struct {
 	GracePeriod     time.Duration // no idle sleep this soon after a wake
 	SweepInterval   time.Duration // how often idle projects are checked
 	ReadyPoll       time.Duration // readiness probe interval during a wake
+	StatusInterval  time.Duration // how often a wake asks the runtime whether the server still runs
 	BackoffBase     time.Duration // first delay after a failed wake
 	BackoffMax      time.Duration
 	MaxConns        int // all projects together
 	MaxProjectConns int // one project
+	// MaxStartupConns bounds connections that have not yet sent a complete
+	// startup packet. Past it the oldest such connection is closed: a
+	// flood of silent sockets cannot exhaust file descriptors, and a real
+	// client, which sends its startup packet at once, still gets through.
+	MaxStartupConns int
 
 	// TLS, if set, is offered to clients (SSLRequest answered 'S', direct
 	// TLS accepted); nil answers 'N'.
@@ -57,6 +68,9 @@ type Options struct {
 	OnRefused  func(project, sqlstate string)
 }
 
+// DefaultMaxStartupConns is MaxStartupConns's default.
+const DefaultMaxStartupConns = 1000
+
 func (o *Options) setDefaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -68,6 +82,7 @@ func (o *Options) setDefaults() {
 	def(&o.StartupTimeout, 10*time.Second)
 	def(&o.SweepInterval, time.Second)
 	def(&o.ReadyPoll, 10*time.Millisecond)
+	def(&o.StatusInterval, 100*time.Millisecond)
 	def(&o.BackoffBase, time.Second)
 	def(&o.BackoffMax, time.Minute)
 	if o.GracePeriod < 0 {
@@ -79,6 +94,9 @@ func (o *Options) setDefaults() {
 	if o.MaxProjectConns <= 0 {
 		o.MaxProjectConns = 100
 	}
+	if o.MaxStartupConns <= 0 {
+		o.MaxStartupConns = DefaultMaxStartupConns
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -88,47 +106,67 @@ func (o *Options) setDefaults() {
 type Server struct {
 	opts Options
 	log  *slog.Logger
-	now  func() time.Time
+	env  *env // what every project is given
+	up   *upstream
 
 	// baseCtx outlives client connections: wakes and sleeps run on it and
 	// end only when the server is closed for good.
 	baseCtx    context.Context
 	baseCancel context.CancelFunc
+	// connCtx is the clients' context: it ends when a shutdown's drain
+	// time is over (parked clients then get 57P01) or on Close.
+	connCtx    context.Context
+	connCancel context.CancelFunc
 
-	mu       sync.Mutex
-	projects map[string]*project
-	conns    map[*clientConn]struct{}
-	closing  bool
+	mu        sync.Mutex
+	projects  map[string]*project
+	watched   map[backend.Backend]bool
+	serving   bool // Serve has started: new backends are watched at once
+	listeners map[net.Listener]struct{}
+	conns     map[*clientConn]struct{}
+	sessions  int           // conns accepted before a shutdown began
+	drained   chan struct{} // closed when sessions reaches 0 during a shutdown
+	closing   bool
+	closingCh chan struct{} // closed when closing is set
+	startup   list.List     // of *clientConn that have not sent a startup packet, oldest first
 
-	cancels cancelRegistry
+	cancels  cancelRegistry
+	refusals refusalLog
 
-	total   atomic.Int64
-	connWG  sync.WaitGroup
-	sweepWG sync.WaitGroup
+	total    atomic.Int64
+	connWG   sync.WaitGroup
+	acceptWG sync.WaitGroup
+	loopWG   sync.WaitGroup // sweep and watch loops
 }
 
 // New returns a Server with no projects.
 func New(opts Options) (*Server, error) {
-	if opts.Backend == nil {
-		return nil, errors.New("proxy: no backend")
-	}
 	opts.setDefaults()
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{
+	base, baseCancel := context.WithCancel(context.Background())
+	connCtx, connCancel := context.WithCancel(context.Background())
+	s := &Server{
 		opts:       opts,
 		log:        opts.Logger,
-		now:        time.Now,
-		baseCtx:    ctx,
-		baseCancel: cancel,
+		up:         &upstream{tls: opts.UpstreamTLS},
+		baseCtx:    base,
+		baseCancel: baseCancel,
+		connCtx:    connCtx,
+		connCancel: connCancel,
 		projects:   make(map[string]*project),
+		watched:    make(map[backend.Backend]bool),
+		listeners:  make(map[net.Listener]struct{}),
 		conns:      make(map[*clientConn]struct{}),
-	}, nil
-}
-
-func (s *Server) notify(name string) {
-	if s.opts.OnChange != nil {
-		s.opts.OnChange(name)
+		closingCh:  make(chan struct{}),
 	}
+	s.refusals.init(opts.Logger)
+	s.env = &env{
+		now: time.Now, log: opts.Logger, up: s.up, base: base,
+		onChange: opts.OnChange, onWake: opts.OnWake,
+		wakeTimeout: opts.WakeTimeout, stopTimeout: opts.StopTimeout, grace: opts.GracePeriod,
+		readyPoll: opts.ReadyPoll, statusEvery: opts.StatusInterval, maxConns: opts.MaxProjectConns,
+		backoff: s.backoff,
+	}
+	return s, nil
 }
 
 // backoff is the delay before the n-th consecutive failed wake may be
@@ -148,27 +186,24 @@ var (
 )
 
 // AddProject registers a project and adopts its server in whatever state
-// the backend reports: a running server is Running (idle accounting starts
-// now), anything else is Sleeping.
+// its backend reports. A backend that does not answer does not fail the
+// registration: the project stays asleep with the error recorded, and its
+// clients are told.
 func (s *Server) AddProject(ctx context.Context, cfg Project) error {
-	status, err := s.opts.Backend.Status(ctx, cfg.Spec)
-	if err != nil {
-		return fmt.Errorf("adopt project %q: %w", cfg.Spec.Name, err)
+	if cfg.Backend == nil {
+		return fmt.Errorf("project %q: no backend", cfg.Spec.Name)
 	}
-	if cfg.SleepMode == "" {
-		cfg.SleepMode = backend.SleepStop
-	}
-	p := &project{srv: s, cfg: cfg, state: StateSleeping, lastActive: s.now()}
-	if status.State == backend.StateRunning {
-		p.state, p.addr, p.wokeAt = StateRunning, status.Addr, s.now()
-	}
+	p := newProject(cfg, s.env)
+	p.adopt(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.projects[cfg.Spec.Name]; ok {
 		return fmt.Errorf("%w: %q", ErrProjectExists, cfg.Spec.Name)
 	}
 	s.projects[cfg.Spec.Name] = p
-	s.log.Info("project registered", "project", cfg.Spec.Name, "state", p.state, "backend_state", status.State)
+	if s.serving {
+		s.watchLocked(cfg.Backend)
+	}
 	return nil
 }
 
@@ -188,10 +223,7 @@ func (s *Server) RemoveProject(name string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrNoProject, name)
 	}
-	p.mu.Lock()
-	p.removed = true // no new wake or sleep starts from here
-	inflight := p.inFlight()
-	p.mu.Unlock()
+	inflight := p.remove() // no new wake or sleep starts from here
 	for _, c := range victims {
 		c.close()
 	}
@@ -220,6 +252,16 @@ func (s *Server) ProjectNames() []string {
 	s.mu.Unlock()
 	sort.Strings(names)
 	return names
+}
+
+func (s *Server) projectList() []*project {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*project, 0, len(s.projects))
+	for _, p := range s.projects {
+		out = append(out, p)
+	}
+	return out
 }
 
 // Statuses returns a snapshot of every project, sorted by name.
@@ -267,29 +309,7 @@ func (s *Server) Sleep(ctx context.Context, name string) error {
 	if p == nil {
 		return fmt.Errorf("%w: %q", ErrNoProject, name)
 	}
-	for {
-		p.mu.Lock()
-		switch {
-		case p.state == StateSleeping:
-			p.mu.Unlock()
-			return nil
-		case p.state == StateRunning && p.active > 0:
-			n := p.active
-			p.mu.Unlock()
-			return fmt.Errorf("project %q has %d open connection(s)", name, n)
-		case p.state == StateRunning:
-			p.sleepLocked(p.cfg.SleepMode)
-			return nil
-		}
-		// Waking or Stopping: wait for that to finish, then decide.
-		ch := p.inFlight()
-		p.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return p.sleepNow(ctx)
 }
 
 // SetPinned pins a project awake (it is never put to sleep on idle) or
@@ -302,20 +322,24 @@ func (s *Server) SetPinned(name string, pinned bool) error {
 	p.mu.Lock()
 	p.cfg.Pinned = pinned
 	p.mu.Unlock()
-	s.notify(name)
+	p.notify()
 	return nil
 }
 
-// Serve accepts clients on ln until ctx ends or Shutdown is called. It also
-// runs the idle sweep and follows the backend's events. It returns nil after
-// a clean shutdown.
+// Serve accepts clients on ln until ctx ends, Shutdown finishes or Close
+// is called. It also runs the idle sweep and follows the backends' events.
+// It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	s.sweepWG.Add(1)
-	go s.sweepLoop(ctx)
-	if w, ok := s.opts.Backend.(backend.Watcher); ok {
-		s.sweepWG.Add(1)
-		go s.watchLoop(ctx, w)
+	s.mu.Lock()
+	if !s.serving {
+		s.serving = true
+		s.loopWG.Add(1)
+		go s.sweepLoop()
+		for _, p := range s.projects {
+			s.watchLocked(p.be)
+		}
 	}
+	s.mu.Unlock()
 	return s.accept(ctx, ln, "")
 }
 
@@ -327,6 +351,16 @@ func (s *Server) ServeProject(ctx context.Context, ln net.Listener, project stri
 }
 
 func (s *Server) accept(ctx context.Context, ln net.Listener, fixed string) error {
+	s.mu.Lock()
+	if s.listeners == nil { // closed for good
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.acceptWG.Add(1)
+	s.mu.Unlock()
+	defer s.acceptWG.Done()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var tempDelay time.Duration
@@ -348,111 +382,133 @@ func (s *Server) accept(ctx context.Context, ln net.Listener, fixed string) erro
 		}
 		tempDelay = 0
 		c := &clientConn{srv: s, conn: nc, fixed: fixed}
+		var evict *clientConn
 		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			nc.Close()
-			continue
-		}
 		s.conns[c] = struct{}{}
+		c.late = s.closing
+		if !c.late {
+			s.sessions++
+		}
+		c.startupElem = s.startup.PushBack(c)
+		if s.startup.Len() > s.opts.MaxStartupConns {
+			evict = s.startup.Remove(s.startup.Front()).(*clientConn)
+			evict.startupElem = nil
+		}
 		s.connWG.Add(1)
 		s.mu.Unlock()
-		go c.serve(ctx)
+		if evict != nil {
+			s.refusals.evicted()
+			evict.close()
+		}
+		go c.serve(s.connCtx)
 	}
+}
+
+// startupDone takes c off the list of connections still in their startup
+// phase (and so no longer evictable).
+func (s *Server) startupDone(c *clientConn) {
+	s.mu.Lock()
+	if c.startupElem != nil {
+		s.startup.Remove(c.startupElem)
+		c.startupElem = nil
+	}
+	s.mu.Unlock()
 }
 
 func (s *Server) forget(c *clientConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.startupElem != nil {
+		s.startup.Remove(c.startupElem)
+		c.startupElem = nil
+	}
+	if !c.late {
+		s.sessions--
+		if s.sessions == 0 && s.drained != nil {
+			close(s.drained)
+			s.drained = nil
+		}
+	}
 	s.mu.Unlock()
 	s.connWG.Done()
 }
 
-// Shutdown stops the server: the listener must already be closed (cancel
-// Serve's context). Client connections get until ctx's deadline to finish,
-// then are closed; then every running project is put to sleep with a fast
-// shutdown.
+// Shutdown stops the server truthfully. Clients connecting from now on
+// are answered 57P01 (admin shutdown) rather than refused. Sessions get
+// until ctx's deadline to finish; then clients still parked for a wake get
+// 57P01, and every project's server is put to sleep with a fast shutdown
+// while its sessions are still attached, so Postgres itself ends each one
+// with FATAL 57P01 at a message boundary. Then the listeners close.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	s.closing = true
+	s.setClosingLocked()
+	// A connection that has not sent its startup packet yet is not a
+	// session to wait for: it gets 57P01 once it does.
+	for e := s.startup.Front(); e != nil; e = e.Next() {
+		if c := e.Value.(*clientConn); !c.late {
+			c.late = true
+			s.sessions--
+		}
+	}
+	var drained chan struct{}
+	if s.sessions > 0 {
+		drained = make(chan struct{})
+		s.drained = drained
+	}
 	s.mu.Unlock()
 
-	drained := make(chan struct{})
-	go func() { s.connWG.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-ctx.Done():
-		s.mu.Lock()
-		victims := make([]*clientConn, 0, len(s.conns))
-		for c := range s.conns {
-			victims = append(victims, c)
+	if drained != nil {
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			s.mu.Lock()
+			n := s.sessions
+			s.mu.Unlock()
+			s.log.Warn("drain time over; ending open sessions with 57P01 (admin shutdown)", "count", n)
 		}
-		s.mu.Unlock()
-		s.log.Warn("closing open connections", "count", len(victims))
-		for _, c := range victims {
-			c.close()
-		}
-		<-drained
 	}
+	s.connCancel() // parked clients: 57P01
 
 	var errs []error
 	var wg sync.WaitGroup
 	var emu sync.Mutex
-	for _, name := range s.ProjectNames() {
-		p := s.project(name)
-		if p == nil {
-			continue
-		}
+	for _, p := range s.projectList() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.mu.Lock()
-			// Let a wake or sleep in flight finish first, then decide.
-			for p.state == StateWaking || p.state == StateStopping {
-				ch := p.inFlight()
-				p.mu.Unlock()
-				<-ch
-				p.mu.Lock()
-			}
-			if p.state != StateRunning {
-				paused := p.cfg.SleepMode == backend.SleepPause
-				spec := p.cfg.Spec
-				p.mu.Unlock()
-				if paused {
-					// Always a real stop: a paused server left behind by an
-					// exiting pgwake would hold its memory with nobody to
-					// wake it. Stopping a stopped server is a no-op.
-					ctx, cancel := context.WithTimeout(context.Background(), s.opts.StopTimeout)
-					if err := s.opts.Backend.Sleep(ctx, spec, backend.SleepStop); err != nil {
-						emu.Lock()
-						errs = append(errs, fmt.Errorf("%s: %w", name, err))
-						emu.Unlock()
-					}
-					cancel()
-				}
-				return
-			}
-			p.sleepLocked(backend.SleepStop)
-			p.mu.Lock()
-			if p.lastErr != "" && !p.lastErrAt.Before(p.wokeAt) {
+			if err := p.shutdown(); err != nil {
 				emu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %s", name, p.lastErr))
+				errs = append(errs, fmt.Errorf("%s: %w", p.name, err))
 				emu.Unlock()
 			}
-			p.mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	s.closeListeners()
+	// What is left has no server behind it any more (or one that would not
+	// stop): close it.
+	s.closeConns()
+	s.connWG.Wait()
 	s.baseCancel()
-	s.sweepWG.Wait()
+	s.loopWG.Wait()
 	return errors.Join(errs...)
 }
 
-// Close aborts everything without putting projects to sleep (for tests and
-// for a second signal).
-func (s *Server) Close() {
+// closeListeners stops every accept loop and waits for them, so no
+// connection is added after it returns.
+func (s *Server) closeListeners() {
 	s.mu.Lock()
-	s.closing = true
+	lns := s.listeners
+	s.listeners = nil
+	s.mu.Unlock()
+	for ln := range lns {
+		ln.Close()
+	}
+	s.acceptWG.Wait()
+}
+
+func (s *Server) closeConns() {
+	s.mu.Lock()
 	victims := make([]*clientConn, 0, len(s.conns))
 	for c := range s.conns {
 		victims = append(victims, c)
@@ -461,40 +517,69 @@ func (s *Server) Close() {
 	for _, c := range victims {
 		c.close()
 	}
+}
+
+// Close aborts everything without putting projects to sleep (for tests and
+// for a second signal).
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.setClosingLocked()
+	s.mu.Unlock()
+	s.connCancel()
+	s.closeListeners()
+	s.closeConns()
 	s.baseCancel()
 }
 
-func (s *Server) sweepLoop(ctx context.Context) {
-	defer s.sweepWG.Done()
+func (s *Server) sweepLoop() {
+	defer s.loopWG.Done()
 	t := time.NewTicker(s.opts.SweepInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return
 		case <-s.baseCtx.Done():
 			return
 		case <-t.C:
 		}
-		for _, name := range s.ProjectNames() {
-			if p := s.project(name); p != nil {
-				go p.maybeSleep(false)
-			}
+		s.refusals.flush()
+		if s.isClosing() {
+			continue // Shutdown puts every project to sleep itself
+		}
+		for _, p := range s.projectList() {
+			go p.maybeSleep(false)
 		}
 	}
 }
 
-func (s *Server) watchLoop(ctx context.Context, w backend.Watcher) {
-	defer s.sweepWG.Done()
-	wctx, cancel := context.WithCancel(s.baseCtx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, cancel)
-	defer stop()
-	for ev := range w.Watch(wctx) {
-		if p := s.project(ev.Project); p != nil {
-			p.observe(ev.State)
-		}
+// watchLocked follows b's events, once per backend. s.mu must be held.
+func (s *Server) watchLocked(b backend.Backend) {
+	w, ok := b.(backend.Watcher)
+	if !ok || s.watched[b] {
+		return
 	}
+	s.watched[b] = true
+	s.loopWG.Add(1)
+	go func() {
+		defer s.loopWG.Done()
+		for ev := range w.Watch(s.baseCtx) {
+			if p := s.project(ev.Project); p != nil && p.be == b {
+				p.observe(ev.State)
+			}
+		}
+	}()
+}
+
+func (s *Server) setClosingLocked() {
+	if !s.closing {
+		s.closing = true
+		close(s.closingCh)
+	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // knownProjectsHint lists project names for the 3D000 hint.
@@ -521,13 +606,14 @@ func (s *Server) acquireTotal() bool {
 	return true
 }
 
-// writeError sends an ErrorResponse and logs it with the project.
+// refuse sends an ErrorResponse, logs it with the project (rate-limited:
+// a flood must not fill the disk) and closes.
 func (s *Server) refuse(c net.Conn, project, code, msg, hint string) {
 	if s.opts.OnRefused != nil {
 		s.opts.OnRefused(project, code)
 	}
-	s.log.Warn("connection refused", "project", project, "sqlstate", code, "reason", msg, "remote", c.RemoteAddr())
-	_ = c.SetWriteDeadline(s.now().Add(5 * time.Second))
+	s.refusals.refused(project, code, msg, c.RemoteAddr())
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	if err := pgwire.WriteError(c, code, msg, hint); err != nil {
 		s.log.Debug("write error response", "err", err)
 		return

@@ -1,0 +1,333 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/proxy"
+)
+
+// scriptBackend is a FAKE runtime. It exists because a real runtime cannot
+// be made, on demand and at a chosen instant, to let a server die while it
+// wakes, to hand a crashed server's address to another server, or to lose
+// its engine; the real-parts suites (*_integration_test.go) cover every
+// path a real runtime can produce. What Status reports is set by the test;
+// start, when set, is what Start does.
+type scriptBackend struct {
+	mu     sync.Mutex
+	status backend.Status
+	start  func() (backend.Endpoint, error)
+	logs   string
+	err    error // returned by every call when set: an unreachable runtime
+	starts int
+}
+
+func (b *scriptBackend) Name() string { return "script" }
+func (b *scriptBackend) Close() error { return nil }
+
+func (b *scriptBackend) Ensure(context.Context, backend.Spec) error { return b.failure() }
+func (b *scriptBackend) Remove(context.Context, backend.Spec, bool) error {
+	return b.failure()
+}
+
+func (b *scriptBackend) failure() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+func (b *scriptBackend) Start(context.Context, backend.Spec) (backend.Endpoint, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.starts++
+	if b.err != nil {
+		return backend.Endpoint{}, b.err
+	}
+	return b.start()
+}
+
+func (b *scriptBackend) Sleep(context.Context, backend.Spec, backend.SleepMode) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		return b.err
+	}
+	b.status = backend.Status{State: backend.StateStopped}
+	return nil
+}
+
+func (b *scriptBackend) Status(context.Context, backend.Spec) (backend.Status, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.status, b.err
+}
+
+func (b *scriptBackend) Logs(context.Context, backend.Spec, bool, int) (io.ReadCloser, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return io.NopCloser(strings.NewReader(b.logs)), nil
+}
+
+func (b *scriptBackend) set(st backend.Status) {
+	b.mu.Lock()
+	b.status = st
+	b.mu.Unlock()
+}
+
+func (b *scriptBackend) startCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.starts
+}
+
+// watchingScript adds the Watcher capability: the test sends the events.
+type watchingScript struct {
+	*scriptBackend
+	events chan backend.Event
+}
+
+func (w *watchingScript) Watch(ctx context.Context) <-chan backend.Event {
+	out := make(chan backend.Event)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-w.events:
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// deadAddr is a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// serveBackend runs a proxy with one project "app" on be.
+func serveBackend(t *testing.T, be backend.Backend, opts proxy.Options) (*proxy.Server, string) {
+	t.Helper()
+	if opts.ReadyPoll == 0 {
+		opts.ReadyPoll = time.Millisecond
+	}
+	if opts.WakeTimeout == 0 {
+		// Far beyond the test's own deadline: a wake that ends, ends
+		// because pgwake saw why, not because it timed out.
+		opts.WakeTimeout = 10 * time.Minute
+	}
+	srv, err := proxy.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := backend.Spec{Name: "app", User: "u", Database: "app"}
+	if err := srv.AddProject(t.Context(), proxy.Project{Spec: spec, Backend: be}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(context.Background(), ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return srv, ln.Addr().String()
+}
+
+// connectErr connects through the proxy and returns the Postgres error the
+// client got; a test deadline far below the wake timeout proves the proxy
+// answered because it knew, not because it gave up.
+func connectErr(t *testing.T, addr string) *pgconn.PgError {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, "postgres://u@"+addr+"/app?sslmode=disable")
+	if err == nil {
+		conn.Close(context.Background())
+		t.Fatal("connected; want an error")
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		t.Fatalf("err = %v, want a Postgres error from the proxy", err)
+	}
+	return pgErr
+}
+
+func connectVersion(t *testing.T, addr string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, "postgres://u@"+addr+"/app?sslmode=disable")
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	return conn.ParameterStatus("server_version")
+}
+
+func TestServerDyingWhileWakingEndsTheWakeWithItsReason(t *testing.T) {
+	t.Parallel()
+	addr := deadAddr(t)
+	be := &scriptBackend{logs: "LOG:  starting PostgreSQL\nFATAL:  deliberate crash in postgresql.conf\n"}
+	be.start = func() (backend.Endpoint, error) {
+		// The runtime started it, and it exited before it ever served.
+		be.status = backend.Status{State: backend.StateStopped, Exit: "exited with code 3"}
+		return backend.Endpoint{Addr: addr, ID: "run-1"}, nil
+	}
+	srv, paddr := serveBackend(t, be, proxy.Options{StatusInterval: 20 * time.Millisecond, BackoffBase: time.Hour})
+
+	pgErr := connectErr(t, paddr)
+	if pgErr.Code != "08006" {
+		t.Fatalf("code %s, want 08006", pgErr.Code)
+	}
+	for _, want := range []string{"exited with code 3", "FATAL:  deliberate crash"} {
+		if !strings.Contains(pgErr.Message, want) {
+			t.Errorf("client's message %q lacks %q", pgErr.Message, want)
+		}
+	}
+	st, _ := srv.ProjectStatus("app")
+	if st.State != proxy.StateSleeping || st.WakeFails != 1 || st.RetryAt.IsZero() {
+		t.Fatalf("after the failed wake: state %s, failures %d, retry at %v; want sleeping, 1, backing off", st.State, st.WakeFails, st.RetryAt)
+	}
+	if !strings.Contains(st.LastError, "exited with code 3") || !strings.Contains(st.LastError, "deliberate crash") {
+		t.Fatalf("status last error %q lacks the exit and the log", st.LastError)
+	}
+}
+
+func TestDieEventDuringWakeEndsItAtOnce(t *testing.T) {
+	t.Parallel()
+	addr := deadAddr(t)
+	started := make(chan struct{})
+	be := &watchingScript{scriptBackend: &scriptBackend{}, events: make(chan backend.Event)}
+	be.start = func() (backend.Endpoint, error) {
+		be.status = backend.Status{State: backend.StateStopped, Exit: "exited with code 1"}
+		close(started)
+		return backend.Endpoint{Addr: addr, ID: "run-1"}, nil
+	}
+	// No periodic check within the test's life: only the event can end it.
+	_, paddr := serveBackend(t, be, proxy.Options{StatusInterval: time.Hour})
+	go func() {
+		<-started
+		be.events <- backend.Event{Project: "app", State: backend.StateStopped}
+	}()
+	if pgErr := connectErr(t, paddr); pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "exited with code 1") {
+		t.Fatalf("got %s %q, want 08006 with the exit", pgErr.Code, pgErr.Message)
+	}
+}
+
+func TestWakeNeverLandsOnAnotherServer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		after backend.Status // what the runtime reports once something answered
+		want  string
+	}{
+		{"ours exited, its address reused", backend.Status{State: backend.StateStopped, Exit: "exited with code 1"}, "exited with code 1"},
+		{"restarted outside pgwake", backend.Status{State: backend.StateRunning, ID: "someone-elses-run"}, "restarted outside pgwake"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			other := newScriptedUpstream(t).named("15-another-project")
+			be := &scriptBackend{}
+			be.start = func() (backend.Endpoint, error) {
+				after := tc.after
+				if after.State == backend.StateRunning {
+					after.Addr = other.ln.Addr().String()
+				}
+				be.status = after
+				return backend.Endpoint{Addr: other.ln.Addr().String(), ID: "our-run"}, nil
+			}
+			srv, paddr := serveBackend(t, be, proxy.Options{BackoffBase: time.Hour})
+			pgErr := connectErr(t, paddr)
+			if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, tc.want) {
+				t.Fatalf("got %s %q, want 08006 with %q", pgErr.Code, pgErr.Message, tc.want)
+			}
+			if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateSleeping || st.Wakes != 0 {
+				t.Fatalf("state %s with %d wakes: the other server's answer was taken for ours", st.State, st.Wakes)
+			}
+		})
+	}
+}
+
+func TestRunningProjectWhoseAddressWasReusedIsWokenNotRelayed(t *testing.T) {
+	t.Parallel()
+	first := newScriptedUpstream(t).named("15-ours-first-run")
+	second := newScriptedUpstream(t).named("15-ours-second-run")
+	firstAddr := first.ln.Addr().String()
+
+	be := &scriptBackend{}
+	be.start = func() (backend.Endpoint, error) {
+		ep := backend.Endpoint{Addr: firstAddr, ID: "run-1"}
+		if be.starts > 1 {
+			ep = backend.Endpoint{Addr: second.ln.Addr().String(), ID: "run-2"}
+		}
+		be.status = backend.Status{State: backend.StateRunning, Addr: ep.Addr, ID: ep.ID}
+		return ep, nil
+	}
+	srv, paddr := serveBackend(t, be, proxy.Options{})
+	if v := connectVersion(t, paddr); v != first.version {
+		t.Fatalf("first client reached %q", v)
+	}
+
+	// The server crashes, no event arrives (a lagging event stream), and
+	// another server takes its address.
+	first.ln.Close()
+	first.wg.Wait()
+	be.set(backend.Status{State: backend.StateStopped, Exit: "killed"})
+	ln, err := net.Listen("tcp", firstAddr)
+	if err != nil {
+		t.Skipf("could not take over %s for the other server: %v", firstAddr, err)
+	}
+	other := &scriptedUpstream{ln: ln, version: "15-another-project"}
+	other.wg.Add(1)
+	go other.serve()
+	t.Cleanup(func() { ln.Close(); other.wg.Wait() })
+
+	for i := range 3 {
+		if v := connectVersion(t, paddr); v != second.version {
+			t.Fatalf("client %d reached %q, want this project's own restarted server", i, v)
+		}
+	}
+	if st, _ := srv.ProjectStatus("app"); st.Wakes != 2 || be.startCount() != 2 {
+		t.Fatalf("wakes %d, starts %d; want 2 and 2", st.Wakes, be.startCount())
+	}
+}
+
+func TestUnreachableRuntimeIsReportedNeverReplaced(t *testing.T) {
+	t.Parallel()
+	be := &scriptBackend{err: fmt.Errorf("%w: docker engine unreachable at unix:///nowhere", backend.ErrUnavailable)}
+	srv, paddr := serveBackend(t, be, proxy.Options{BackoffBase: time.Hour})
+	if st, _ := srv.ProjectStatus("app"); !strings.Contains(st.LastError, "unreachable") {
+		t.Fatalf("registered without the runtime's error: %q", st.LastError)
+	}
+	pgErr := connectErr(t, paddr)
+	if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "docker engine unreachable") {
+		t.Fatalf("got %s %q, want 08006 naming the unreachable engine", pgErr.Code, pgErr.Message)
+	}
+}
