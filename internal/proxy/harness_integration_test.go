@@ -118,14 +118,25 @@ func randHex(n int) string {
 // addProject creates a project's server (not started) and registers it.
 func (h *harness) addProject(name string, mode backend.SleepMode, sleepAfter time.Duration) backend.Spec {
 	h.t.Helper()
-	spec := backend.Spec{Name: name, Image: h.image, User: "postgres", Password: "pw-" + randHex(8), Database: name}
+	spec := h.newSpec(name)
+	h.register(spec, mode, sleepAfter)
+	return spec
+}
+
+// newSpec is a project of this harness's image with a fresh password.
+func (h *harness) newSpec(name string) backend.Spec {
+	return backend.Spec{Name: name, Image: h.image, User: "postgres", Password: "pw-" + randHex(8), Database: name}
+}
+
+// register creates spec's server (not started) and registers the project.
+func (h *harness) register(spec backend.Spec, mode backend.SleepMode, sleepAfter time.Duration) {
+	h.t.Helper()
 	if err := h.be.Ensure(h.t.Context(), spec); err != nil {
 		h.t.Fatal(err)
 	}
 	if err := h.srv.AddProject(h.t.Context(), proxy.Project{Spec: spec, Backend: h.be, SleepAfter: sleepAfter, SleepMode: mode}); err != nil {
 		h.t.Fatal(err)
 	}
-	return spec
 }
 
 // url is a connection string through the proxy.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,17 @@ type kit interface {
 	// brokenSpec returns a project whose wake always fails, and a piece of
 	// the reason clients must be told.
 	brokenSpec(t testing.TB, h *harness) (backend.Spec, string)
+	// crashingProject registers a project whose server starts and then
+	// exits before it ever serves, and returns pieces of the reason clients
+	// must be told (the exit, a line of the server's own log).
+	crashingProject(t testing.TB, h *harness) (backend.Spec, []string)
+	// crash kills a project's server hard (SIGKILL), as the OOM killer or
+	// a power cut would, and waits until it is gone.
+	crash(t testing.TB, h *harness, spec backend.Spec)
+	// reuseAddress arranges for taker's next start to get addr, the address
+	// of a crashed server, where the runtime does not already hand freed
+	// addresses out again.
+	reuseAddress(t testing.TB, h *harness, taker backend.Spec, addr string)
 	canPause() bool
 }
 
@@ -146,6 +158,21 @@ func (dockerKit) brokenSpec(t testing.TB, h *harness) (backend.Spec, string) {
 	return backend.Spec{Name: "broken", Image: "pgwake-test/does-not-exist:0", User: "postgres", Password: "x", Database: "broken"}, "does-not-exist"
 }
 
+func (dockerKit) crashingProject(t testing.TB, h *harness) (backend.Spec, []string) {
+	spec := h.newSpec("crashy")
+	spec.Image = testenv.CrashingImage(t)
+	h.register(spec, backend.SleepStop, 0)
+	return spec, []string{"exited with code 3", "deliberate crash before serving"}
+}
+
+func (dockerKit) crash(t testing.TB, h *harness, spec backend.Spec) {
+	dockerCLI(t, "kill", "--signal", "KILL", containerName(h, spec.Name))
+}
+
+// reuseAddress does nothing: Docker hands out the lowest free bridge
+// address, so the next container started usually gets the crashed one's.
+func (dockerKit) reuseAddress(testing.TB, *harness, backend.Spec, string) {}
+
 func dockerCLI(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command("docker", args...).CombinedOutput(); err != nil {
@@ -217,6 +244,49 @@ func (k *localKit) stopOutside(t testing.TB, h *harness, spec backend.Spec) {
 	}
 	if !waitGone(pid, 30*time.Second) {
 		t.Fatalf("server %d did not stop", pid)
+	}
+}
+
+// crashingProject makes a server whose configuration Postgres rejects at
+// start: pg_ctl (which pgwake runs without waiting) succeeds, then the
+// postmaster exits.
+func (k *localKit) crashingProject(t testing.TB, h *harness) (backend.Spec, []string) {
+	spec := h.newSpec("crashy")
+	h.register(spec, backend.SleepStop, 0)
+	conf := filepath.Join(k.root(h), spec.Name, "data", "postgresql.conf")
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("\nshared_buffers = 'not-a-size'\n"); err != nil {
+		t.Fatal(err)
+	}
+	return spec, []string{"shared_buffers"}
+}
+
+func (k *localKit) crash(t testing.TB, h *harness, spec backend.Spec) {
+	pid := readPid(filepath.Join(k.root(h), spec.Name, "data", "postmaster.pid"))
+	if pid <= 0 {
+		t.Fatalf("no running server for %s", spec.Name)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitGone(pid, 30*time.Second) {
+		t.Fatalf("server %d did not die", pid)
+	}
+}
+
+// reuseAddress writes addr's port as the one taker's server used last,
+// which the local backend takes again when it is free.
+func (k *localKit) reuseAddress(t testing.TB, h *harness, taker backend.Spec, addr string) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(k.root(h), taker.Name, "port"), []byte(port+"\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -386,3 +386,86 @@ func TestIntegrationShutdownTellsClientsTheTruth(t *testing.T) {
 		}
 	})
 }
+
+func TestIntegrationServerDyingWhileWakingFailsFastWithItsReason(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		// A wake timeout far beyond the client's own deadline: the wake must
+		// end because pgwake saw the server die, not because it timed out.
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{WakeTimeout: 10 * time.Minute, BackoffBase: time.Hour}})
+		spec, reasons := k.crashingProject(t, h)
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		_, err := pgx.Connect(ctx, h.url(spec))
+		pgErr := asPgError(t, err)
+		if pgErr.Code != "08006" {
+			t.Fatalf("code %s (%s), want 08006", pgErr.Code, pgErr.Message)
+		}
+		st := h.status(spec.Name)
+		for _, want := range reasons {
+			if !strings.Contains(pgErr.Message, want) {
+				t.Errorf("client's message %q lacks %q", pgErr.Message, want)
+			}
+			if !strings.Contains(st.LastError, want) {
+				t.Errorf("status last error %q lacks %q", st.LastError, want)
+			}
+		}
+		if st.State != proxy.StateSleeping || st.WakeFails != 1 || st.RetryAt.IsZero() {
+			t.Fatalf("after the failed wake: state %s, failures %d, retry at %v", st.State, st.WakeFails, st.RetryAt)
+		}
+	})
+}
+
+// noEvents hides the runtime's event stream: events can lag, and until one
+// arrives pgwake believes a crashed server still runs at its address.
+type noEvents struct{ backend.Backend }
+
+func TestIntegrationReusedAddressNeverReachesAnotherProject(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{wrap: func(b backend.Backend) backend.Backend { return noEvents{b} }})
+		ctx := t.Context()
+		// The worst case: both projects accept the same credentials, so only
+		// pgwake's own check stands between a client and the wrong data.
+		password := "shared-" + randHex(8)
+		a, b := h.newSpec("alpha"), h.newSpec("beta")
+		a.Password, b.Password = password, password
+		h.register(a, backend.SleepStop, 0)
+		h.register(b, backend.SleepStop, 0)
+		// beta runs first and sleeps, so alpha is given the address beta had
+		// (Docker hands out the lowest free one) and beta, woken after
+		// alpha's crash, is given it back.
+		h.seed(b, "create table who(v text); insert into who values ('beta')")
+		h.waitFor("beta", "no connections", 30*time.Second, func(st proxy.Status) bool { return st.Active == 0 })
+		if err := h.srv.Sleep(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		h.seed(a, "create table who(v text); insert into who values ('alpha')")
+		before, err := h.be.Status(ctx, a)
+		if err != nil || before.State != backend.StateRunning {
+			t.Fatalf("alpha: %+v %v, want running", before, err)
+		}
+
+		k.crash(t, h, a)
+		k.reuseAddress(t, h, b, before.Addr)
+		if err := h.srv.Wake(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		taken, err := h.be.Status(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reused := taken.Addr == before.Addr
+		if !reused && k.name() == "local" {
+			t.Fatalf("arrangement failed: beta runs at %s, not alpha's old %s", taken.Addr, before.Addr)
+		}
+		t.Logf("alpha was at %s; beta now at %s (address reused: %v)", before.Addr, taken.Addr, reused)
+
+		for range 3 {
+			conn := h.connect(ctx, a)
+			wantRow(t, conn, "alpha", "select v from who")
+			conn.Close(ctx)
+		}
+		if st := h.status("alpha"); st.Wakes < 2 {
+			t.Fatalf("alpha woke %d times; its crashed server should have been started again", st.Wakes)
+		}
+	})
+}
