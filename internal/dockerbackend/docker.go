@@ -3,6 +3,7 @@
 package dockerbackend
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -74,10 +76,32 @@ var (
 	_ backend.Backend = (*Backend)(nil)
 	_ backend.Logger  = (*Backend)(nil)
 	_ backend.Watcher = (*Backend)(nil)
+	_ backend.Sweeper = (*Backend)(nil)
+	_ backend.Checker = (*Backend)(nil)
 )
 
-// ErrEngineUnreachable is returned by New when no Docker engine answers.
+// ErrEngineUnreachable is returned by New when no Docker engine answers,
+// and by any method that cannot connect to it. Such errors also match
+// backend.ErrUnavailable.
 var ErrEngineUnreachable = errors.New("docker engine unreachable")
+
+// unavailableError marks an error caused by an engine that does not answer,
+// keeping its message.
+type unavailableError struct{ error }
+
+func (e unavailableError) Unwrap() error { return e.error }
+
+func (e unavailableError) Is(target error) bool {
+	return target == backend.ErrUnavailable || target == ErrEngineUnreachable
+}
+
+// markUnavailable, deferred with a method's named error, marks a failure
+// to connect to the engine as backend.ErrUnavailable.
+func markUnavailable(err *error) {
+	if *err != nil && client.IsErrConnectionFailed(*err) {
+		*err = unavailableError{*err}
+	}
+}
 
 // New connects to the Docker engine, negotiating the API version, and pings
 // it so a missing engine fails here with a clear message.
@@ -94,8 +118,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	defer cancel()
 	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w at %s (is Docker running? set DOCKER_HOST or docker_host): %v",
-			ErrEngineUnreachable, cli.DaemonHost(), err)
+		return nil, unavailableError{fmt.Errorf("%w at %s (is Docker running? set DOCKER_HOST or docker_host): %v",
+			ErrEngineUnreachable, cli.DaemonHost(), err)}
 	}
 	log := opts.Logger
 	if log == nil {
@@ -146,6 +170,59 @@ func (b *Backend) labels(spec backend.Spec) map[string]string {
 	}
 }
 
+// owns reports whether labels mark a container or volume that this
+// instance made for project. A name alone proves nothing: somebody may have
+// made it by hand, and instance "a" with project "b-c" shares its names
+// with instance "a-b" and project "c".
+func (b *Backend) owns(labels map[string]string, project string) bool {
+	return labels[LabelManaged] == "true" && labels[LabelInstance] == b.instance && labels[LabelProject] == project
+}
+
+// notOwned is the error for a container or volume that has pgwake's name
+// for a project but is not this instance's.
+func notOwned(kind, name string, labels map[string]string) error {
+	if labels[LabelManaged] == "true" {
+		return fmt.Errorf("%s %q exists but was %w (it belongs to pgwake instance %q, project %q): use another project name",
+			kind, name, backend.ErrNotOwned, labels[LabelInstance], labels[LabelProject])
+	}
+	return fmt.Errorf("%s %q exists but was %w (no dev.pgwake labels): rename or remove it yourself",
+		kind, name, backend.ErrNotOwned)
+}
+
+// projectFilter selects what this instance made for project, under any
+// name.
+func (b *Backend) projectFilter(project string) client.Filters {
+	return b.instanceFilter().Add("label", LabelProject+"="+project)
+}
+
+// instanceFilter selects everything this instance made.
+func (b *Backend) instanceFilter() client.Filters {
+	return make(client.Filters).Add("label", LabelManaged+"=true", LabelInstance+"="+b.instance)
+}
+
+// inspect returns the project's container, nil when there is none, or an
+// error wrapping backend.ErrNotOwned when its name is taken by a container
+// this instance did not make for the project.
+func (b *Backend) inspect(ctx context.Context, spec backend.Spec) (*container.InspectResponse, error) {
+	name := b.ContainerName(spec.Name)
+	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inspect container %q: %w", name, err)
+	}
+	c := res.Container
+	var labels map[string]string
+	if c.Config != nil {
+		labels = c.Config.Labels
+	}
+	if !b.owns(labels, spec.Name) {
+		return nil, notOwned("container", name, labels)
+	}
+	return &c, nil
+}
+
 // specHash identifies the container configuration derived from spec; a
 // container whose label differs was changed outside pgwake (or by an older
 // spec) and is recreated.
@@ -160,34 +237,46 @@ func specHash(spec backend.Spec) string {
 
 // Ensure implements backend.Backend: it creates the volume and container if
 // missing and recreates a container that no longer matches spec, keeping the
-// volume.
-func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
-	name := b.ContainerName(spec.Name)
-	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
-	switch {
-	case err == nil:
-		c := res.Container
-		if b.matches(c, spec) {
-			return nil
+// volume. A container or volume with pgwake's name but without this
+// instance's labels for the project is left alone: Ensure returns an error
+// wrapping backend.ErrNotOwned and changes nothing.
+//
+// When Ensure fails, nothing it created in this call remains: the
+// container is created last, and a volume it created for it is removed
+// again. (A drifted container it removed stays removed; its volume stays.)
+func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) (err error) {
+	defer markUnavailable(&err)
+	c, err := b.inspect(ctx, spec)
+	if err != nil {
+		return err
+	}
+	_, err = b.reconcile(ctx, spec, c)
+	return err
+}
+
+// reconcile returns the ID of a container that matches spec: c itself
+// (the project's container, nil when missing) if it does, else a new one on
+// the project's volume.
+func (b *Backend) reconcile(ctx context.Context, spec backend.Spec, c *container.InspectResponse) (string, error) {
+	if c != nil {
+		if b.matches(*c, spec) {
+			return c.ID, nil
 		}
+		name := b.ContainerName(spec.Name)
 		b.log.Warn("container changed outside pgwake; recreating it with its volume",
 			"project", spec.Name, "container", name)
-		if _, err := b.cli.ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			return fmt.Errorf("remove drifted container %q: %w", name, err)
+		if err := b.removeContainer(ctx, c.ID); err != nil {
+			return "", fmt.Errorf("remove drifted container %q: %w", name, err)
 		}
-	case cerrdefs.IsNotFound(err):
-	default:
-		return fmt.Errorf("inspect container %q: %w", name, err)
 	}
 	return b.create(ctx, spec)
 }
 
-// matches reports whether a container is the one pgwake would create for
-// spec: its labels carry spec's hash and this instance, and 5432 is
-// published on loopback only.
+// matches reports whether an owned container is the one pgwake would create
+// for spec: its labels carry spec's hash, and 5432 is published on loopback
+// only.
 func (b *Backend) matches(c container.InspectResponse, spec backend.Spec) bool {
-	return c.Config != nil && c.Config.Labels[LabelSpec] == specHash(spec) &&
-		c.Config.Labels[LabelInstance] == b.instance && hasLoopbackBinding(c.HostConfig)
+	return c.Config != nil && c.Config.Labels[LabelSpec] == specHash(spec) && hasLoopbackBinding(c.HostConfig)
 }
 
 func hasLoopbackBinding(hc *container.HostConfig) bool {
@@ -202,13 +291,25 @@ func hasLoopbackBinding(hc *container.HostConfig) bool {
 	return false
 }
 
-func (b *Backend) create(ctx context.Context, spec backend.Spec) error {
-	if err := b.ensureImage(ctx, spec.Image); err != nil {
+// removeContainer force-removes one of pgwake's own containers with its
+// anonymous volumes (those the image declares and the data mount does not
+// cover; named volumes stay), so none is left dangling.
+func (b *Backend) removeContainer(ctx context.Context, id string) error {
+	_, err := b.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
 		return err
 	}
-	img, err := b.cli.ImageInspect(ctx, spec.Image)
+	return nil
+}
+
+// create makes the project's volume (unless it exists) and container, and
+// returns the container's ID. If the container cannot be created, a volume
+// made by this call is removed again; one that existed before may hold a
+// kept project's data and stays.
+func (b *Backend) create(ctx context.Context, spec backend.Spec) (string, error) {
+	img, err := b.ensureImage(ctx, spec.Image)
 	if err != nil {
-		return fmt.Errorf("inspect image %q: %w", spec.Image, err)
+		return "", err
 	}
 	var imgEnv []string
 	var imgVolumes map[string]struct{}
@@ -217,16 +318,16 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) error {
 	}
 	target := dataMountTarget(imgEnv, imgVolumes)
 
-	labels := b.labels(spec)
 	vol := b.VolumeName(spec.Name)
-	if _, err := b.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: vol, Labels: labels}); err != nil {
-		return fmt.Errorf("create volume %q: %w", vol, err)
+	made, err := b.ensureVolume(ctx, spec, vol)
+	if err != nil {
+		return "", err
 	}
 
 	clabels := b.labels(spec)
 	clabels[LabelSpec] = specHash(spec)
 	timeout := stopTimeout
-	_, err = b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	res, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: b.ContainerName(spec.Name),
 		Config: &container.Config{
 			Image: spec.Image,
@@ -251,7 +352,50 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("create container for project %q: %w", spec.Name, err)
+		err = fmt.Errorf("create container for project %q: %w", spec.Name, err)
+		if made {
+			err = errors.Join(err, b.rollbackVolume(ctx, vol))
+		}
+		return "", err
+	}
+	return res.ID, nil
+}
+
+// ensureVolume makes the project's data volume unless this instance
+// already made it, and reports whether it did. A volume of that name
+// without this instance's labels for the project is an error wrapping
+// backend.ErrNotOwned.
+func (b *Backend) ensureVolume(ctx context.Context, spec backend.Spec, vol string) (made bool, err error) {
+	res, err := b.cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{})
+	switch {
+	case err == nil:
+		if !b.owns(res.Volume.Labels, spec.Name) {
+			return false, notOwned("volume", vol, res.Volume.Labels)
+		}
+		return false, nil
+	case !cerrdefs.IsNotFound(err):
+		return false, fmt.Errorf("inspect volume %q: %w", vol, err)
+	}
+	cres, err := b.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: vol, Labels: b.labels(spec)})
+	if err != nil {
+		return false, fmt.Errorf("create volume %q: %w", vol, err)
+	}
+	// Creating a volume that exists returns the existing one: somebody
+	// else made it since the inspect.
+	if !b.owns(cres.Volume.Labels, spec.Name) {
+		return false, notOwned("volume", vol, cres.Volume.Labels)
+	}
+	return true, nil
+}
+
+// rollbackVolume removes a volume create made before failing. It runs even
+// when ctx has ended (that may be why create failed) and never forces: a
+// volume something already uses stays.
+func (b *Backend) rollbackVolume(ctx context.Context, vol string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := b.cli.VolumeRemove(ctx, vol, client.VolumeRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove volume %q made for it (pgwake rm --volumes removes it later): %w", vol, err)
 	}
 	return nil
 }
@@ -285,125 +429,288 @@ func dataMountTarget(env []string, volumes map[string]struct{}) string {
 	return defaultPGDATA
 }
 
-func (b *Backend) ensureImage(ctx context.Context, ref string) error {
-	if _, err := b.cli.ImageInspect(ctx, ref); err == nil {
-		return nil
+// ensureImage pulls ref when the engine lacks it, and returns its config.
+func (b *Backend) ensureImage(ctx context.Context, ref string) (client.ImageInspectResult, error) {
+	img, err := b.cli.ImageInspect(ctx, ref)
+	if err == nil {
+		return img, nil
 	} else if !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("inspect image %q: %w", ref, err)
+		return img, fmt.Errorf("inspect image %q: %w", ref, err)
 	}
 	b.log.Info("pulling image", "image", ref)
 	resp, err := b.cli.ImagePull(ctx, ref, client.ImagePullOptions{})
 	if err != nil {
-		return fmt.Errorf("pull image %q: %w", ref, err)
+		return img, fmt.Errorf("pull image %q: %w", ref, err)
 	}
 	if err := resp.Wait(ctx); err != nil {
-		return fmt.Errorf("pull image %q: %w", ref, err)
+		return img, fmt.Errorf("pull image %q: %w", ref, err)
 	}
-	return nil
+	img, err = b.cli.ImageInspect(ctx, ref)
+	if err != nil {
+		return img, fmt.Errorf("inspect image %q: %w", ref, err)
+	}
+	return img, nil
 }
 
 // Start implements backend.Backend: it unpauses or starts the container,
 // creating it first when missing or drifted from spec. It returns once
 // Docker reports the container running; Postgres may still be booting.
-// The common paths cost one inspect plus the start or unpause itself, since
+// The common paths cost one inspect plus the start or unpause itself (and
+// the inspect after a start that reads the new address and run ID), since
 // every millisecond here is on a waiting client's clock.
-func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
+//
+// A container that is no longer running when inspected after the start
+// (its entrypoint failed at once) is an error carrying its exit reason and
+// the last lines of its log. One that dies a moment later is reported as
+// running: the caller learns otherwise from Status (its Exit) or Watch.
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpoint, err error) {
+	defer markUnavailable(&err)
 	name := b.ContainerName(spec.Name)
-	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
-	switch {
-	case cerrdefs.IsNotFound(err):
-		if err := b.create(ctx, spec); err != nil {
-			return backend.Endpoint{}, err
-		}
-	case err != nil:
-		return backend.Endpoint{}, fmt.Errorf("inspect container %q: %w", name, err)
-	default:
-		c := res.Container
-		if st := b.containerStatus(c); st.State == backend.StateRunning {
-			return backend.Endpoint{Addr: st.Addr}, nil
-		} else if st.State == backend.StatePaused {
-			if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
-				return backend.Endpoint{}, fmt.Errorf("unpause container %q: %w", name, err)
-			}
-			// Addresses survive a pause: no second inspect.
-			if addr := b.dialAddr(c); addr != "" {
-				return backend.Endpoint{Addr: addr, Serving: true}, nil
-			}
-			break
-		}
-		if !b.matches(c, spec) { // stopped and drifted: recreate it on its volume
-			if err := b.Ensure(ctx, spec); err != nil {
-				return backend.Endpoint{}, err
-			}
-		}
-	}
-	if _, err := b.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
-		return backend.Endpoint{}, fmt.Errorf("start container %q: %w", name, err)
-	}
-	st, err := b.Status(ctx, spec)
+	c, err := b.inspect(ctx, spec)
 	if err != nil {
 		return backend.Endpoint{}, err
 	}
-	if st.State != backend.StateRunning {
-		return backend.Endpoint{}, fmt.Errorf("container %q is %s right after start (see pgwake logs %s)", name, st.State, spec.Name)
+	var id string
+	if c != nil {
+		id = c.ID
+		switch st := b.containerStatus(*c); st.State {
+		case backend.StateRunning:
+			if st.Addr == "" {
+				return backend.Endpoint{}, noPortError(name)
+			}
+			return backend.Endpoint{Addr: st.Addr, ID: st.ID}, nil
+		case backend.StatePaused:
+			if _, err := b.cli.ContainerUnpause(ctx, id, client.ContainerUnpauseOptions{}); err != nil {
+				return backend.Endpoint{}, fmt.Errorf("unpause container %q: %w", name, err)
+			}
+			// Addresses and the run survive a pause: no second inspect.
+			if addr := b.dialAddr(*c); addr != "" {
+				return backend.Endpoint{Addr: addr, ID: st.ID, Serving: true}, nil
+			}
+			return b.endpointAfterStart(ctx, spec, id, "")
+		}
 	}
-	return backend.Endpoint{Addr: st.Addr}, nil
+	// Missing, or stopped and drifted: (re)create it on its volume.
+	if c == nil || !b.matches(*c, spec) {
+		if id, err = b.reconcile(ctx, spec, c); err != nil {
+			return backend.Endpoint{}, err
+		}
+	}
+	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+		return backend.Endpoint{}, fmt.Errorf("start container %q: %w", name, err)
+	}
+	// Its log from an earlier run ends before that run finished.
+	since := ""
+	if c != nil && c.ID == id && c.State != nil {
+		if t, err := time.Parse(time.RFC3339Nano, c.State.FinishedAt); err == nil && !t.IsZero() {
+			since = c.State.FinishedAt
+		}
+	}
+	return b.endpointAfterStart(ctx, spec, id, since)
+}
+
+// endpointAfterStart inspects a container just started or unpaused for its
+// address and run ID. If it is not running, the error shows its log
+// since this run's start (since, an RFC 3339 time; "" for all of it).
+func (b *Backend) endpointAfterStart(ctx context.Context, spec backend.Spec, id, since string) (backend.Endpoint, error) {
+	name := b.ContainerName(spec.Name)
+	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if err != nil {
+		return backend.Endpoint{}, fmt.Errorf("inspect container %q after start: %w", name, err)
+	}
+	st := b.containerStatus(res.Container)
+	switch {
+	case st.State == backend.StateStopped:
+		msg := fmt.Sprintf("container %q %s right after start", name, st.Exit)
+		if st.Exit == "" {
+			msg = fmt.Sprintf("container %q stopped right after start", name)
+		}
+		if tail := b.logTail(ctx, id, logTailLines, since); tail != "" {
+			msg += "; its log ends: " + tail
+		}
+		return backend.Endpoint{}, errors.New(msg)
+	case st.State != backend.StateRunning:
+		return backend.Endpoint{}, fmt.Errorf("container %q is %s right after start", name, st.State)
+	case st.Addr == "":
+		return backend.Endpoint{}, noPortError(name)
+	}
+	return backend.Endpoint{Addr: st.Addr, ID: st.ID}, nil
+}
+
+func noPortError(name string) error {
+	return fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
+}
+
+// logTailLines is how much of a container's log an error shows.
+const logTailLines = 10
+
+// LogTail returns the last n lines of the project's container log (stdout
+// and stderr in order) joined with " | " for an error message, or "" when
+// there is none or it cannot be read.
+func (b *Backend) LogTail(ctx context.Context, spec backend.Spec, n int) string {
+	c, err := b.inspect(ctx, spec)
+	if err != nil || c == nil {
+		return ""
+	}
+	return b.logTail(ctx, c.ID, n, "")
+}
+
+// logTail is LogTail for a container, of its log after since (an RFC 3339
+// time; "" for all of it).
+func (b *Backend) logTail(ctx context.Context, id string, n int, since string) string {
+	if n <= 0 {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rc, err := b.cli.ContainerLogs(ctx, id, client.ContainerLogsOptions{
+		ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(n), Since: since,
+	})
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	var buf bytes.Buffer
+	lw := &limitedWriter{w: &buf, n: 64 << 10}
+	if _, err := stdcopy.StdCopy(lw, lw, rc); err != nil && !errors.Is(err, errLimit) {
+		return ""
+	}
+	var lines []string
+	for l := range strings.Lines(buf.String()) {
+		if l = strings.TrimSpace(l); l != "" {
+			if len(l) > maxLogLine {
+				l = l[:maxLogLine] + "..."
+			}
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// maxLogLine bounds one log line in an error message.
+const maxLogLine = 300
+
+var errLimit = errors.New("log tail too long")
+
+// limitedWriter writes up to n bytes, then fails with errLimit.
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if len(p) > l.n {
+		k, _ := l.w.Write(p[:l.n])
+		l.n = 0
+		return k, errLimit
+	}
+	l.n -= len(p)
+	return l.w.Write(p)
 }
 
 // Sleep implements backend.Backend.
-func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.SleepMode) error {
+func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.SleepMode) (err error) {
+	defer markUnavailable(&err)
 	name := b.ContainerName(spec.Name)
+	c, err := b.inspect(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if c == nil {
+		if mode == backend.SleepPause {
+			return fmt.Errorf("pause container %q: %w", name, backend.ErrNotFound)
+		}
+		return nil
+	}
+	paused := c.State != nil && c.State.Paused
 	if mode == backend.SleepPause {
-		if _, err := b.cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err != nil {
+		if paused {
+			return nil
+		}
+		if _, err := b.cli.ContainerPause(ctx, c.ID, client.ContainerPauseOptions{}); err != nil {
 			return fmt.Errorf("pause container %q: %w", name, err)
 		}
 		return nil
 	}
-	st, err := b.Status(ctx, spec)
-	if err != nil {
-		return err
-	}
-	if st.State == backend.StatePaused {
-		// A frozen Postgres cannot handle SIGINT; thaw it so the stop is a
-		// clean fast shutdown rather than a kill after the timeout.
-		if _, err := b.cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
-			return fmt.Errorf("unpause container %q before stop: %w", name, err)
-		}
-	}
-	timeout := stopTimeout
-	if _, err := b.cli.ContainerStop(ctx, name, client.ContainerStopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("stop container %q: %w", name, err)
+	if err := b.stop(ctx, c.ID, paused); err != nil {
+		return fmt.Errorf("container %q: %w", name, err)
 	}
 	return nil
 }
 
-// Status implements backend.Backend.
-func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
-	name := b.ContainerName(spec.Name)
-	res, err := b.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
-	if cerrdefs.IsNotFound(err) {
+// stop shuts a container's Postgres down fast (SIGINT, with stopTimeout to
+// finish its checkpoint before Docker kills it: a kill means crash recovery
+// on the next start).
+func (b *Backend) stop(ctx context.Context, id string, paused bool) error {
+	if paused {
+		// A frozen Postgres cannot handle SIGINT; thaw it so the stop is a
+		// clean fast shutdown rather than a kill after the timeout.
+		if _, err := b.cli.ContainerUnpause(ctx, id, client.ContainerUnpauseOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("unpause before stop: %w", err)
+		}
+	}
+	timeout := stopTimeout
+	if _, err := b.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Signal: "SIGINT", Timeout: &timeout}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("stop: %w", err)
+	}
+	return nil
+}
+
+// Status implements backend.Backend. A container with the project's name
+// that is not this instance's is an error wrapping backend.ErrNotOwned.
+func (b *Backend) Status(ctx context.Context, spec backend.Spec) (_ backend.Status, err error) {
+	defer markUnavailable(&err)
+	c, err := b.inspect(ctx, spec)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if c == nil {
 		return backend.Status{State: backend.StateMissing}, nil
 	}
-	if err != nil {
-		return backend.Status{}, fmt.Errorf("inspect container %q: %w", name, err)
-	}
-	st := b.containerStatus(res.Container)
+	st := b.containerStatus(*c)
 	if st.State == backend.StateRunning && st.Addr == "" {
-		return backend.Status{}, fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
+		return backend.Status{}, noPortError(b.ContainerName(spec.Name))
 	}
 	return st, nil
 }
 
 func (b *Backend) containerStatus(c container.InspectResponse) backend.Status {
+	s := c.State
 	switch {
-	case c.State == nil:
+	case s == nil:
 		return backend.Status{State: backend.StateStopped}
-	case c.State.Paused:
-		return backend.Status{State: backend.StatePaused}
-	case c.State.Running:
-		return backend.Status{State: backend.StateRunning, Addr: b.dialAddr(c)}
+	case s.Paused:
+		return backend.Status{State: backend.StatePaused, ID: runID(c)}
+	case s.Running:
+		return backend.Status{State: backend.StateRunning, Addr: b.dialAddr(c), ID: runID(c)}
 	}
-	return backend.Status{State: backend.StateStopped}
+	return backend.Status{State: backend.StateStopped, Exit: exitReason(s)}
+}
+
+// runID identifies one run of a container: Docker sets StartedAt on every
+// start (not on unpause), and the container ID tells a recreated container
+// from the old one.
+func runID(c container.InspectResponse) string {
+	return c.ID + "@" + c.State.StartedAt
+}
+
+// exitReason says why a container that is not running stopped, or "" when
+// it never ran.
+func exitReason(s *container.State) string {
+	if s.Status == container.StateCreated && s.Error == "" {
+		return ""
+	}
+	r := fmt.Sprintf("exited with code %d", s.ExitCode)
+	if s.OOMKilled {
+		r += " (OOM killed)"
+	}
+	if s.Error != "" {
+		r += ": " + s.Error
+	}
+	return r
 }
 
 // dialAddr is where the proxy connects: the container's own address when
@@ -433,30 +740,112 @@ func publishedAddr(c container.InspectResponse) string {
 	return ""
 }
 
-// Remove implements backend.Backend.
-func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) error {
-	name := b.ContainerName(spec.Name)
-	if _, err := b.cli.ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("remove container %q: %w", name, err)
+// Remove implements backend.Backend. It removes every container (and, with
+// volumes, every volume) labelled for this instance and project, whatever
+// its name, so leftovers of failed operations and of a crashed pgwake go
+// too. If the project's container name (or, with volumes, its volume name)
+// is taken by something this instance did not make, Remove touches nothing
+// and returns an error wrapping backend.ErrNotOwned.
+//
+// Without volumes the data stays, so a running server is first shut down
+// fast (as Sleep does) and the next server starts without crash recovery;
+// with volumes it is simply killed.
+func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) (err error) {
+	defer markUnavailable(&err)
+	if _, err := b.inspect(ctx, spec); err != nil {
+		return err
 	}
-	if !volumes {
-		return nil
+	if volumes {
+		vol := b.VolumeName(spec.Name)
+		res, err := b.cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{})
+		switch {
+		case err == nil:
+			if !b.owns(res.Volume.Labels, spec.Name) {
+				return notOwned("volume", vol, res.Volume.Labels)
+			}
+		case !cerrdefs.IsNotFound(err):
+			return fmt.Errorf("inspect volume %q: %w", vol, err)
+		}
 	}
-	vol := b.VolumeName(spec.Name)
-	if _, err := b.cli.VolumeRemove(ctx, vol, client.VolumeRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("remove volume %q: %w", vol, err)
+	return b.removeLabelled(ctx, b.projectFilter(spec.Name), volumes)
+}
+
+// RemoveAll implements backend.Sweeper: it removes every container this
+// instance made (labels dev.pgwake.managed=true and dev.pgwake.instance)
+// and, with volumes, every such volume. Like Remove, it shuts servers down
+// fast first when their data stays.
+func (b *Backend) RemoveAll(ctx context.Context, volumes bool) (err error) {
+	defer markUnavailable(&err)
+	return b.removeLabelled(ctx, b.instanceFilter(), volumes)
+}
+
+// removeLabelled removes the containers and, with volumes, the volumes
+// that f selects. Containers go in parallel (each fast shutdown may take a
+// checkpoint's time), volumes after them, since Docker refuses to remove a
+// volume a container still uses.
+func (b *Backend) removeLabelled(ctx context.Context, f client.Filters, volumes bool) error {
+	cs, err := b.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
 	}
-	return nil
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	for _, c := range cs.Items {
+		wg.Go(func() {
+			name := c.ID
+			if len(c.Names) > 0 {
+				name = strings.TrimPrefix(c.Names[0], "/")
+			}
+			if !volumes && (c.State == container.StateRunning || c.State == container.StatePaused) {
+				if err := b.stop(ctx, c.ID, c.State == container.StatePaused); err != nil {
+					fail(fmt.Errorf("container %q: %w", name, err))
+					return
+				}
+			}
+			if err := b.removeContainer(ctx, c.ID); err != nil {
+				fail(fmt.Errorf("remove container %q: %w", name, err))
+			}
+		})
+	}
+	wg.Wait()
+	if volumes {
+		vs, err := b.cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list volumes: %w", err))
+		}
+		for _, v := range vs.Items {
+			if _, err := b.cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("remove volume %q: %w", v.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Logs implements backend.Logger, demultiplexing Docker's stdout/stderr
 // stream into one.
-func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (io.ReadCloser, error) {
+func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (_ io.ReadCloser, err error) {
+	defer markUnavailable(&err)
+	c, err := b.inspect(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, fmt.Errorf("project %q: %w", spec.Name, backend.ErrNotFound)
+	}
 	t := "all"
 	if tail > 0 {
 		t = fmt.Sprint(tail)
 	}
-	rc, err := b.cli.ContainerLogs(ctx, b.ContainerName(spec.Name), client.ContainerLogsOptions{
+	rc, err := b.cli.ContainerLogs(ctx, c.ID, client.ContainerLogsOptions{
 		ShowStdout: true, ShowStderr: true, Follow: follow, Tail: t,
 	})
 	if err != nil {
@@ -475,8 +864,8 @@ func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail
 }
 
 // Watch implements backend.Watcher: it follows the engine's events for this
-// instance's containers and reports start, stop, pause and removal.
-// The channel closes when ctx ends.
+// instance's containers and reports start, stop (die: a crash as well as a
+// stop), pause and removal. The channel closes when ctx ends.
 func (b *Backend) Watch(ctx context.Context) <-chan backend.Event {
 	out := make(chan backend.Event, 16)
 	go func() {
@@ -540,7 +929,7 @@ func (b *Backend) watchOnce(ctx context.Context, out chan<- backend.Event) error
 // Check implements backend.Checker: the engine answers a ping.
 func (b *Backend) Check(ctx context.Context) error {
 	if _, err := b.cli.Ping(ctx, client.PingOptions{}); err != nil {
-		return fmt.Errorf("%w: %v", ErrEngineUnreachable, err)
+		return unavailableError{fmt.Errorf("%w: %v", ErrEngineUnreachable, err)}
 	}
 	return nil
 }

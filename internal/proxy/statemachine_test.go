@@ -30,6 +30,9 @@ type scriptBackend struct {
 	logs   string
 	err    error // returned by every call when set: an unreachable runtime
 	starts int
+	// When set, Sleep signals inSleep and waits for sleepGate.
+	inSleep   chan struct{}
+	sleepGate chan struct{}
 }
 
 func (b *scriptBackend) Name() string { return "script" }
@@ -57,6 +60,10 @@ func (b *scriptBackend) Start(context.Context, backend.Spec) (backend.Endpoint, 
 }
 
 func (b *scriptBackend) Sleep(context.Context, backend.Spec, backend.SleepMode) error {
+	if b.sleepGate != nil {
+		b.inSleep <- struct{}{}
+		<-b.sleepGate
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.err != nil {
@@ -329,5 +336,47 @@ func TestUnreachableRuntimeIsReportedNeverReplaced(t *testing.T) {
 	pgErr := connectErr(t, paddr)
 	if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, "docker engine unreachable") {
 		t.Fatalf("got %s %q, want 08006 naming the unreachable engine", pgErr.Code, pgErr.Message)
+	}
+}
+
+func TestClientArrivingDuringSleepIsParkedAndWokenAgain(t *testing.T) {
+	t.Parallel()
+	u := newScriptedUpstream(t)
+	be := &scriptBackend{inSleep: make(chan struct{}), sleepGate: make(chan struct{})}
+	be.start = func() (backend.Endpoint, error) {
+		id := fmt.Sprintf("run-%d", be.starts)
+		be.status = backend.Status{State: backend.StateRunning, Addr: u.ln.Addr().String(), ID: id}
+		return backend.Endpoint{Addr: u.ln.Addr().String(), ID: id}, nil
+	}
+	srv, paddr := serveBackend(t, be, proxy.Options{})
+	if err := srv.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	slept := make(chan error, 1)
+	go func() { slept <- srv.Sleep(context.Background(), "app") }()
+	<-be.inSleep // the sleep is inside the runtime call
+
+	got := make(chan string, 1)
+	go func() { got <- connectVersion(t, paddr) }()
+	deadline := time.After(30 * time.Second)
+	for {
+		if st, _ := srv.ProjectStatus("app"); st.Queued == 1 {
+			break // parked behind the sleep, holding its slot
+		}
+		select {
+		case <-deadline:
+			t.Fatal("the client was not parked behind the sleep")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	close(be.sleepGate)
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; v != "15-scripted" {
+		t.Fatalf("client reached %q", v)
+	}
+	if st, _ := srv.ProjectStatus("app"); st.Wakes != 2 || be.startCount() != 2 {
+		t.Fatalf("wakes %d, starts %d; want the project woken again after the sleep", st.Wakes, be.startCount())
 	}
 }

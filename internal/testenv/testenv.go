@@ -11,6 +11,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/pgwake/pgwake/internal/dockerbackend"
@@ -101,6 +103,79 @@ func PostgresImage(t testing.TB) string {
 	build(t, ref)
 	if !imagePresent(ctx, t, cli, ref) {
 		t.Fatalf("testenv: build.sh succeeded but image %s is still missing", ref)
+	}
+	return ref
+}
+
+// CrashingImage returns an image made from PostgresImage whose entrypoint
+// writes the line "pgwake-test: deliberate crash before serving" to stderr
+// and exits with code 3 at once, for tests of how a server that dies on
+// start is reported. It is made offline (a created, never started container
+// of the Postgres image, committed with a new ENTRYPOINT) once per engine,
+// under a file lock as the Postgres image is, and made again when that
+// image changes.
+func CrashingImage(t testing.TB) string {
+	t.Helper()
+	const (
+		ref       = "pgwake-test/crashing:latest"
+		baseLabel = "io.pgwake.test.crashing-base"
+		script    = "echo 'pgwake-test: deliberate crash before serving' >&2; exit 3"
+	)
+	base := PostgresImage(t)
+	cli := DockerClient(t)
+	ctx := t.Context()
+	baseImg, err := cli.ImageInspect(ctx, base)
+	if err != nil {
+		t.Fatalf("testenv: inspect image %s: %v", base, err)
+	}
+	upToDate := func() bool {
+		img, err := cli.ImageInspect(ctx, ref)
+		switch {
+		case cerrdefs.IsNotFound(err):
+			return false
+		case err != nil:
+			t.Fatalf("testenv: inspect image %s: %v", ref, err)
+		}
+		return img.Config != nil && img.Config.Labels[baseLabel] == baseImg.ID
+	}
+	if upToDate() {
+		return ref
+	}
+	unlock := lockFile(t, filepath.Join(os.TempDir(), "pgwake-testenv-crashing-image.lock"))
+	defer unlock()
+	if upToDate() {
+		return ref
+	}
+	// The label goes on the container (so a leftover is recognisable) and
+	// from there into the image, where the check above finds it.
+	c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{
+		Image:  base,
+		Labels: map[string]string{baseLabel: baseImg.ID},
+	}})
+	if err != nil {
+		t.Fatalf("testenv: create a container of %s: %v", base, err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if _, err := cli.ContainerRemove(rctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("testenv: remove container %s: %v", c.ID, err)
+		}
+	}()
+	entrypoint, err := json.Marshal([]string{"/bin/sh", "-c", script})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.ContainerCommit(ctx, c.ID, client.ContainerCommitOptions{
+		Reference: ref,
+		Comment:   "pgwake test image: exits with code 3 before serving",
+		Changes:   []string{"ENTRYPOINT " + string(entrypoint)},
+		NoPause:   true,
+	}); err != nil {
+		t.Fatalf("testenv: commit %s: %v", ref, err)
+	}
+	if !upToDate() {
+		t.Fatalf("testenv: committed %s but it does not carry %s=%s", ref, baseLabel, baseImg.ID)
 	}
 	return ref
 }
