@@ -78,6 +78,9 @@ type Status struct {
 	// Exit says why a server that is not running stopped, when the runtime
 	// knows ("exited with code 1", "killed: out of memory"); for errors.
 	Exit string
+	// Log is the end of what that stopped server wrote, when the runtime
+	// has it at hand; otherwise callers ask a Logger.
+	Log string
 }
 
 // Backend hosts per-project Postgres servers. All methods are safe for

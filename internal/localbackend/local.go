@@ -6,11 +6,12 @@
 package localbackend
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,12 +49,21 @@ type Backend struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per project: initdb and start must not interleave
+	runs  map[string]*child      // per project: the server this Backend last started
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Logger  = (*Backend)(nil)
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.Logger         = (*Backend)(nil)
+	_ backend.Checker        = (*Backend)(nil)
+	_ backend.Sweeper        = (*Backend)(nil)
+	_ backend.PauseSupporter = (*Backend)(nil)
 )
+
+// projectMarker is written into every project directory at its first
+// Ensure: RemoveAll touches only directories that carry it (or, made
+// before it existed, pgwake's layout: data/PG_VERSION beside run/).
+const projectMarker = ".pgwake-project"
 
 // ErrNoBinaries is returned when no PostgreSQL server binaries are found.
 var ErrNoBinaries = errors.New("no PostgreSQL server binaries found")
@@ -111,7 +122,17 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{bin: bin, root: opts.Root, log: log, locks: map[string]*sync.Mutex{}}
+	// An absolute root: postgres resolves a relative -D against its own
+	// working directory, records the result in postmaster.pid, and reads -k
+	// after changing into the data directory.
+	if opts.Root == "" {
+		return nil, errors.New("local backend root: not set")
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, fmt.Errorf("local backend root: %w", err)
+	}
+	b := &Backend{bin: bin, root: root, log: log, locks: map[string]*sync.Mutex{}, runs: map[string]*child{}}
 	if os.Geteuid() == 0 {
 		cred, err := serverUser()
 		if err != nil {
@@ -119,12 +140,12 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 		b.cred = cred
 	}
-	if err := os.MkdirAll(opts.Root, 0o755); err != nil {
+	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("local backend root: %w", err)
 	}
 	if b.cred != nil {
 		// The server user must reach its own directories below root.
-		if err := os.Chmod(opts.Root, 0o755); err != nil {
+		if err := os.Chmod(root, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -176,23 +197,38 @@ func (b *Backend) LogFile(p string) string { return filepath.Join(b.dir(p), "pos
 
 func (b *Backend) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(b.bin, name), args...)
-	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
+	cmd.Env = b.env()
 	if b.cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred}
 	}
 	return cmd
 }
 
-func (b *Backend) run(cmd *exec.Cmd) error {
+func (b *Backend) env() []string { return append(os.Environ(), "LC_ALL=C", "TZ=UTC") }
+
+// run runs cmd and returns its combined output; an error carries the end
+// of it.
+func (b *Backend) run(cmd *exec.Cmd) ([]byte, error) {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		msg := strings.TrimSpace(string(out))
 		if i := strings.LastIndexByte(msg, '\n'); i >= 0 && len(msg) > 400 {
 			msg = msg[i+1:]
 		}
-		return fmt.Errorf("%s: %w: %s", filepath.Base(cmd.Path), err, msg)
+		return out, fmt.Errorf("%s: %w: %s", filepath.Base(cmd.Path), err, msg)
 	}
-	return nil
+	return out, nil
+}
+
+// sqlError returns the first ERROR in a single-user backend's output: it
+// exits 0 however its statements fared.
+func sqlError(out []byte) string {
+	for line := range strings.SplitSeq(string(out), "\n") {
+		if i := strings.Index(line, "ERROR:  "); i >= 0 {
+			return strings.TrimSpace(line[i:])
+		}
+	}
+	return ""
 }
 
 func (b *Backend) mkdirOwned(path string, mode os.FileMode) error {
@@ -208,30 +244,116 @@ func (b *Backend) mkdirOwned(path string, mode os.FileMode) error {
 	return nil
 }
 
+// mkdirNew is mkdirOwned, reporting whether path did not exist before.
+func (b *Backend) mkdirNew(path string, mode os.FileMode) (bool, error) {
+	_, err := os.Lstat(path)
+	created := errors.Is(err, fs.ErrNotExist)
+	if err := b.mkdirOwned(path, mode); err != nil {
+		if created {
+			_ = os.RemoveAll(path)
+		}
+		return false, err
+	}
+	return created, nil
+}
+
+// mark writes the project marker into dir unless it is there.
+func mark(dir string) error {
+	path := filepath.Join(dir, projectMarker)
+	if _, err := os.Lstat(path); err == nil {
+		return nil
+	}
+	return os.WriteFile(path, []byte("a pgwake project directory: pgwake may stop its server and delete it\n"), 0o644)
+}
+
+// isProjectDir reports whether the root's entry name is a project
+// directory of this backend: a directory (not a link) with the marker, or
+// pgwake's layout from before the marker (data/PG_VERSION beside run/).
+func (b *Backend) isProjectDir(name string) bool {
+	dir := b.dir(name)
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return false
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, projectMarker)); err == nil && fi.Mode().IsRegular() {
+		return true
+	}
+	v, err1 := os.Lstat(filepath.Join(dir, "data", "PG_VERSION"))
+	r, err2 := os.Lstat(filepath.Join(dir, "run"))
+	return err1 == nil && v.Mode().IsRegular() && err2 == nil && r.IsDir()
+}
+
 // Ensure implements backend.Backend: initdb on first use with the spec's
 // password (scram-sha-256), then the spec's database, created in
 // single-user mode so no port is ever open before the server really runs.
+// A failed Ensure removes what it made.
 func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
 	defer b.lock(spec.Name)()
 	return b.ensureLocked(ctx, spec)
 }
 
-func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) error {
-	data := b.dataDir(spec.Name)
+func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) (err error) {
+	dir, data := b.dir(spec.Name), b.dataDir(spec.Name)
 	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err == nil {
+		// A project made before the marker existed gets one now.
+		if err := mark(dir); err != nil {
+			b.log.Warn("write project marker", "project", spec.Name, "err", err)
+		}
 		return nil
 	}
-	if err := b.mkdirOwned(b.dir(spec.Name), 0o700); err != nil {
+	// Everything this call makes goes again when it fails, last first: a
+	// half-made project is of no use to the next Ensure, and RemoveAll
+	// would otherwise have to tell it from somebody else's directory.
+	var made []string
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := len(made) - 1; i >= 0; i-- {
+			if rerr := os.RemoveAll(made[i]); rerr != nil {
+				b.log.Warn("clean up after a failed create", "project", spec.Name, "path", made[i], "err", rerr)
+			}
+		}
+	}()
+	created, err := b.mkdirNew(dir, 0o700)
+	if err != nil {
 		return fmt.Errorf("project dir: %w", err)
 	}
-	if err := b.mkdirOwned(b.sockDir(spec.Name), 0o700); err != nil {
+	if created {
+		made = append(made, dir)
+	}
+	// In a project directory made here, removing it removes all below.
+	track := func(path string) {
+		if !created {
+			made = append(made, path)
+		}
+	}
+	marker := filepath.Join(dir, projectMarker)
+	if _, err := os.Lstat(marker); errors.Is(err, fs.ErrNotExist) {
+		track(marker)
+		if err := mark(dir); err != nil {
+			return fmt.Errorf("project marker: %w", err)
+		}
+	}
+	sockMade, err := b.mkdirNew(b.sockDir(spec.Name), 0o700)
+	if err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
-	// A half-made data directory from an interrupted initdb is useless.
-	if err := os.RemoveAll(data); err != nil {
-		return err
+	if sockMade {
+		track(b.sockDir(spec.Name))
 	}
-	pwfile := filepath.Join(b.dir(spec.Name), ".pwfile")
+	// initdb works in a directory of its own, renamed to data once the
+	// server is complete (configured, its database made): a data directory
+	// with PG_VERSION is a finished one, whatever stopped an earlier call
+	// (a crash of pgwake cannot clean up). What such a call left is of no
+	// use.
+	tmp := filepath.Join(dir, "data.initdb")
+	for _, stale := range []string{tmp, data} {
+		if err := os.RemoveAll(stale); err != nil {
+			return err
+		}
+	}
+	track(tmp)
+	pwfile := filepath.Join(dir, ".pwfile")
 	if err := os.WriteFile(pwfile, []byte(spec.Password+"\n"), 0o600); err != nil {
 		return err
 	}
@@ -242,13 +364,13 @@ func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) error {
 		}
 	}
 	b.log.Info("initdb", "project", spec.Name, "data", data)
-	if err := b.run(b.command(ctx, "initdb", "-D", data, "-U", spec.User, "--pwfile="+pwfile,
+	if _, err := b.run(b.command(ctx, "initdb", "-D", tmp, "-U", spec.User, "--pwfile="+pwfile,
 		"--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-instructions")); err != nil {
 		return fmt.Errorf("initdb for project %q: %w", spec.Name, err)
 	}
 	conf := fmt.Sprintf("\n# pgwake\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nlog_timezone = 'UTC'\n",
 		b.sockDir(spec.Name))
-	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	f, err := os.OpenFile(filepath.Join(tmp, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
@@ -262,89 +384,386 @@ func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) error {
 	// initdb makes only the postgres database; the official image also
 	// makes POSTGRES_DB, and so does this.
 	if spec.Database != "" && spec.Database != "postgres" {
-		cmd := b.command(ctx, "postgres", "--single", "-D", data, "-j", "postgres")
+		cmd := b.command(ctx, "postgres", "--single", "-D", tmp, "-j", "postgres")
 		cmd.Stdin = strings.NewReader(`CREATE DATABASE "` + strings.ReplaceAll(spec.Database, `"`, `""`) + `";` + "\n")
-		if err := b.run(cmd); err != nil {
+		out, err := b.run(cmd)
+		if err == nil {
+			if msg := sqlError(out); msg != "" {
+				err = errors.New(msg)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("create database %q: %w", spec.Database, err)
 		}
+	}
+	if err := os.Rename(tmp, data); err != nil {
+		return fmt.Errorf("initdb for project %q: %w", spec.Name, err)
 	}
 	return nil
 }
 
-// pidFile reads postmaster.pid: the server's pid and port, when it runs.
-func (b *Backend) pidFile(project string) (pid, port int, ok bool) {
-	f, err := os.Open(filepath.Join(b.dataDir(project), "postmaster.pid"))
-	if err != nil {
-		return 0, 0, false
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() && len(lines) < 4 {
-		lines = append(lines, sc.Text())
-	}
-	if len(lines) < 4 {
-		return 0, 0, false
-	}
-	pid, err1 := strconv.Atoi(strings.TrimSpace(lines[0]))
-	port, err2 := strconv.Atoi(strings.TrimSpace(lines[3]))
-	if err1 != nil || err2 != nil || pid <= 0 {
-		return 0, 0, false
-	}
-	// Signal 0 checks the process exists; EPERM means it does but is not
-	// ours to signal.
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return 0, 0, false
-	}
-	return pid, port, true
+// pidFile is what a postmaster writes into postmaster.pid as it starts.
+type pidFile struct {
+	pid     int
+	dataDir string // line 2
+	start   string // line 3: when the postmaster started, in Unix seconds
+	port    int    // line 4
 }
 
-// Status implements backend.Backend.
+// id is the run's identity (backend.Status.ID): a pid is reused, a pid
+// together with the second its process started is not.
+func (p pidFile) id() string { return strconv.Itoa(p.pid) + "@" + p.start }
+
+func (p pidFile) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+
+var errPidFile = errors.New("malformed postmaster.pid")
+
+// readPidFile reads data/postmaster.pid. Postgres writes its first lines
+// at once when it creates the file, so a file being written reads as
+// malformed, not as wrong.
+func readPidFile(data string) (pidFile, error) {
+	raw, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return pidFile{}, err
+	}
+	lines := strings.Split(string(raw), "\n")
+	if len(lines) < 4 {
+		return pidFile{}, errPidFile
+	}
+	pid, err1 := strconv.Atoi(strings.TrimSpace(lines[0]))
+	start := strings.TrimSpace(lines[2])
+	_, err2 := strconv.ParseInt(start, 10, 64)
+	port, err3 := strconv.Atoi(strings.TrimSpace(lines[3]))
+	// A single-user backend (Ensure's CREATE DATABASE) writes its pid
+	// negated: it is no server.
+	if err1 != nil || err2 != nil || err3 != nil || pid <= 0 || start == "" {
+		return pidFile{}, errPidFile
+	}
+	return pidFile{pid: pid, dataDir: lines[1], start: start, port: port}, nil
+}
+
+// startedSince reports whether the postmaster started at t or later (to
+// the second postgres records).
+func (p pidFile) startedSince(t time.Time) bool {
+	s, err := strconv.ParseInt(p.start, 10, 64)
+	return err == nil && s >= t.Unix()-1
+}
+
+// pmState is what postmaster.pid says about a project's server.
+type pmState int
+
+const (
+	pmNone  pmState = iota // no postmaster.pid (or one still being written)
+	pmStale                // left by a server that is gone
+	pmLive                 // names a live postmaster of this data directory
+)
+
+// postmaster reads the project's postmaster.pid and checks that the server
+// it names runs. A server killed outside pgwake leaves the file behind,
+// and its pid may since have been given to any process: the pid must be a
+// postmaster (see postmasterAlive) and the file must be this data
+// directory's own (not a copy of another's).
+func (b *Backend) postmaster(project string) (pidFile, pmState) {
+	data := b.dataDir(project)
+	pf, err := readPidFile(data)
+	if err != nil {
+		return pidFile{}, pmNone
+	}
+	if !samePath(pf.dataDir, data) || !postmasterAlive(pf.pid, data) {
+		return pf, pmStale
+	}
+	return pf, pmLive
+}
+
+// samePath reports whether a and b name the same directory.
+func samePath(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
+
+// signalAlive reports whether a process pid exists: signal 0 checks
+// without sending; EPERM means it exists but is not ours to signal.
+func signalAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// isPostmasterCmdline reports whether a process's NUL-separated argv is a
+// postmaster's for dataDir. The postmaster keeps the argv it was started
+// with (its children retitle themselves "postgres: checkpointer" and so
+// on): argv[0] is the postgres binary, -D the data directory. Without -D
+// (PGDATA in its environment) or with a relative one, the arguments cannot
+// tell, and the postmaster counts as this directory's: postmaster.pid's own
+// data directory line was checked.
+func isPostmasterCmdline(raw []byte, dataDir string) bool {
+	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	switch filepath.Base(args[0]) {
+	case "postgres", "postmaster":
+	default:
+		return false
+	}
+	d := ""
+	for i := 1; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "-D" && i+1 < len(args):
+			d = args[i+1]
+			i++
+		case strings.HasPrefix(a, "-D") && len(a) > 2:
+			d = a[2:]
+		}
+	}
+	return d == "" || !filepath.IsAbs(d) || samePath(d, dataDir)
+}
+
+// exitLogLines is how many lines of its log a server's exit reason
+// carries; logTailBytes bounds what is read for them.
+const (
+	exitLogLines = 5
+	logTailBytes = 8 << 10
+)
+
+// logTail returns the last n non-empty lines of the log at path written at
+// or after offset from, joined with "; ". It reads at most logTailBytes, at
+// the end of the file, however large the log has grown.
+func logTail(path string, from int64, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	size := fi.Size()
+	if from > size { // truncated since
+		from = 0
+	}
+	start := max(from, size-logTailBytes)
+	buf := make([]byte, size-start)
+	k, err := f.ReadAt(buf, start)
+	if err != nil && err != io.EOF {
+		return ""
+	}
+	buf = buf[:k]
+	if start > from { // began mid-line
+		i := bytes.IndexByte(buf, '\n')
+		buf = buf[i+1:]
+	}
+	var lines []string
+	for l := range strings.SplitSeq(string(buf), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// child is a postmaster this Backend started, so this process is its
+// parent: it learns when and how the server exits, which postmaster.pid
+// cannot say (a server that failed at start-up removes the file on its
+// way out, exactly as one that never started has none).
+type child struct {
+	pid     int
+	started time.Time
+	ready   atomic.Bool   // it wrote its postmaster.pid
+	done    chan struct{} // closed when it has exited (and been reaped)
+	exit    string        // why it exited, when not cleanly; set before done closes
+	log     string        // with exit: the end of what it wrote in this run
+}
+
+// exitWait bounds how long Status waits for a postmaster that removed its
+// postmaster.pid, as postgres does on its way out, to be gone.
+const exitWait = 5 * time.Second
+
+// pidFileTimeout bounds how long Start waits for a postmaster to write
+// postmaster.pid: it does so early, before it loads libraries, opens its
+// ports or allocates shared memory.
+const pidFileTimeout = time.Minute
+
+func (c *child) wait(cmd *exec.Cmd, logf string, from int64) {
+	_ = cmd.Wait() // the exit status is in ProcessState
+	c.exit = describeExit(cmd.ProcessState)
+	if c.exit != "" {
+		c.log = logTail(logf, from, exitLogLines)
+	}
+	close(c.done)
+}
+
+// describeExit says how a process ended, or "" for a clean exit (a fast
+// shutdown by Sleep or by hand).
+func describeExit(ps *os.ProcessState) string {
+	if ps == nil {
+		return "lost (could not wait for it)"
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
+	}
+	if code := ps.ExitCode(); code != 0 {
+		return fmt.Sprintf("exited with code %d", code)
+	}
+	return ""
+}
+
+// exitReason returns why the child stopped. A child that wrote its
+// postmaster.pid and no longer has it is on its way out: postgres removes
+// the file as it exits, so the reason is moments away and worth a bounded
+// wait (a wake polling Status would otherwise see a stopped server without
+// a reason). A child still starting (a concurrent Start) has none.
+func (c *child) exitReason(ctx context.Context) (exit, log string) {
+	select {
+	case <-c.done:
+		return c.exit, c.log
+	default:
+	}
+	if !c.ready.Load() {
+		return "", ""
+	}
+	t := time.NewTimer(exitWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+		return c.exit, c.log
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return fmt.Sprintf("postmaster (pid %d) lost its postmaster.pid and is shutting down", c.pid), ""
+}
+
+func (b *Backend) child(project string) *child {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.runs[project]
+}
+
+// Status implements backend.Backend. A server this Backend started and
+// that died says why (its exit status and the end of its log); so does one
+// that left a stale postmaster.pid behind.
 func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
 	if _, err := os.Stat(filepath.Join(b.dataDir(spec.Name), "PG_VERSION")); err != nil {
 		return backend.Status{State: backend.StateMissing}, nil
 	}
-	if _, port, ok := b.pidFile(spec.Name); ok {
-		return backend.Status{State: backend.StateRunning, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}, nil
+	pf, pm := b.postmaster(spec.Name)
+	c := b.child(spec.Name)
+	if pm == pmLive {
+		if c != nil && c.pid == pf.pid {
+			c.ready.Store(true) // also when the Start that launched it gave up waiting
+		}
+		return backend.Status{State: backend.StateRunning, Addr: pf.addr(), ID: pf.id()}, nil
 	}
-	return backend.Status{State: backend.StateStopped}, nil
+	st := backend.Status{State: backend.StateStopped}
+	if c != nil {
+		st.Exit, st.Log = c.exitReason(ctx)
+	}
+	if st.Exit == "" && pm == pmStale {
+		st.Exit = fmt.Sprintf("killed or crashed: its postmaster.pid names pid %d, which is not this server", pf.pid)
+		st.Log = logTail(b.LogFile(spec.Name), 0, exitLogLines)
+	}
+	return st, nil
 }
 
-// Start implements backend.Backend: pg_ctl start without waiting; the
-// proxy's readiness probe does the waiting, at a finer grain.
+// Start implements backend.Backend: it starts the postmaster and returns
+// once the postmaster has written postmaster.pid (which gives the run's ID),
+// without waiting for it to serve; the proxy's readiness probe does that
+// waiting, at a finer grain. A postmaster that exits before then fails
+// Start with its reason.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
 	defer b.lock(spec.Name)()
 	if err := b.ensureLocked(ctx, spec); err != nil {
 		return backend.Endpoint{}, err
 	}
-	if _, port, ok := b.pidFile(spec.Name); ok {
-		return backend.Endpoint{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}, nil
+	if pf, pm := b.postmaster(spec.Name); pm == pmLive {
+		return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 	}
 	port, err := b.port(spec.Name)
 	if err != nil {
 		return backend.Endpoint{}, err
 	}
-	logf := b.LogFile(spec.Name)
-	if err := b.touchOwned(logf); err != nil {
-		return backend.Endpoint{}, err
+	c, err := b.launch(spec.Name, port)
+	if err != nil {
+		return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s", port, b.sockDir(spec.Name))
-	if err := b.run(b.command(ctx, "pg_ctl", "start", "-W", "-D", b.dataDir(spec.Name), "-l", logf, "-o", opts)); err != nil {
-		return backend.Endpoint{}, fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, logf)
+	pf, err := c.waitPidFile(ctx, b.dataDir(spec.Name))
+	if err != nil {
+		return backend.Endpoint{}, fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, b.LogFile(spec.Name))
 	}
-	return backend.Endpoint{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}, nil
+	return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 }
 
-func (b *Backend) touchOwned(path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// launch starts the project's postmaster as a child of this process, in a
+// session of its own (a Ctrl-C meant for pgwake does not reach it), its
+// output appended to the project's log, as pg_ctl start would. Through
+// pg_ctl the postmaster's pid and exit status would be lost: a server that
+// died while booting could not be told from one not yet booted.
+func (b *Backend) launch(project string, port int) (*child, error) {
+	logf := b.LogFile(project)
+	f, err := os.OpenFile(logf, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	f.Close()
+	defer f.Close() // the child has its own copy
 	if b.cred != nil {
-		return os.Chown(path, int(b.cred.Uid), int(b.cred.Gid))
+		if err := f.Chown(int(b.cred.Uid), int(b.cred.Gid)); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	from, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(b.bin, "postgres"),
+		"-D", b.dataDir(project), "-p", strconv.Itoa(port), "-k", b.sockDir(project))
+	cmd.Env = b.env()
+	cmd.Dir = b.dir(project)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: b.cred}
+	c := &child{started: time.Now(), done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c.pid = cmd.Process.Pid
+	b.mu.Lock()
+	b.runs[project] = c
+	b.mu.Unlock()
+	go c.wait(cmd, logf, from)
+	return c, nil
+}
+
+// waitPidFile waits until the child has written its postmaster.pid, or has
+// exited.
+func (c *child) waitPidFile(ctx context.Context, data string) (pidFile, error) {
+	ctx, cancel := context.WithTimeout(ctx, pidFileTimeout)
+	defer cancel()
+	poll := time.Millisecond
+	for {
+		// A stale file from an earlier server whose pid the child happens
+		// to have is older than the child.
+		if pf, err := readPidFile(data); err == nil && pf.pid == c.pid && pf.startedSince(c.started) {
+			c.ready.Store(true)
+			return pf, nil
+		}
+		select {
+		case <-c.done:
+			if c.exit == "" {
+				return pidFile{}, errors.New("server exited at once")
+			}
+			if c.log != "" {
+				return pidFile{}, fmt.Errorf("server %s; its log ends: %s", c.exit, c.log)
+			}
+			return pidFile{}, fmt.Errorf("server %s", c.exit)
+		case <-ctx.Done():
+			return pidFile{}, fmt.Errorf("server (pid %d) wrote no postmaster.pid: %w", c.pid, ctx.Err())
+		case <-time.After(poll):
+		}
+		poll = min(2*poll, 20*time.Millisecond)
+	}
 }
 
 // port returns the project's port: the one it used last if still free, so
@@ -384,11 +803,29 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 		return errors.New("the local backend cannot pause a server; use sleep mode stop")
 	}
 	defer b.lock(spec.Name)()
-	if _, _, ok := b.pidFile(spec.Name); !ok {
+	return b.stopLocked(ctx, spec.Name)
+}
+
+// stopLocked stops the project's server with a fast shutdown, if it runs.
+func (b *Backend) stopLocked(ctx context.Context, project string) error {
+	// pg_ctl signals whatever pid postmaster.pid names: only a checked one.
+	pf, pm := b.postmaster(project)
+	if pm != pmLive {
 		return nil
 	}
-	if err := b.run(b.command(ctx, "pg_ctl", "stop", "-D", b.dataDir(spec.Name), "-m", "fast", "-w", "-t", "120")); err != nil {
-		return fmt.Errorf("stop project %q: %w", spec.Name, err)
+	if _, err := b.run(b.command(ctx, "pg_ctl", "stop", "-D", b.dataDir(project), "-m", "fast", "-w", "-t", "120")); err != nil {
+		return fmt.Errorf("stop project %q: %w", project, err)
+	}
+	// pg_ctl returns when postmaster.pid is gone, moments before the
+	// postmaster exits; a child of this process is also reaped first.
+	if c := b.child(project); c != nil && c.pid == pf.pid {
+		t := time.NewTimer(exitWait)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		case <-t.C:
+		}
 	}
 	return nil
 }
@@ -399,14 +836,56 @@ func (b *Backend) SupportsPause() bool { return false }
 // Remove implements backend.Backend. Without volumes the data directory is
 // kept for a project created again under the same name.
 func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) error {
-	if err := b.Sleep(ctx, spec, backend.SleepStop); err != nil {
+	defer b.lock(spec.Name)()
+	return b.removeLocked(ctx, spec.Name, volumes)
+}
+
+func (b *Backend) removeLocked(ctx context.Context, project string, volumes bool) error {
+	if err := b.stopLocked(ctx, project); err != nil {
 		return err
 	}
 	if !volumes {
 		return nil
 	}
-	defer b.lock(spec.Name)()
-	return os.RemoveAll(b.dir(spec.Name))
+	b.mu.Lock()
+	delete(b.runs, project)
+	b.mu.Unlock()
+	return os.RemoveAll(b.dir(project))
+}
+
+// RemoveAll implements backend.Sweeper. The root is this instance's, so
+// every project directory in it is, whether pgwake still lists it or not
+// (a create that failed before it was recorded, a crashed pgwake): each
+// server is stopped (fast shutdown) and, with volumes, its directory
+// deleted. Anything else in the root (files, links, directories without
+// the project marker) is left alone.
+func (b *Backend) RemoveAll(ctx context.Context, volumes bool) error {
+	entries, err := os.ReadDir(b.root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list projects: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() { // a link to a directory is no directory here
+			continue
+		}
+		if err := b.sweep(ctx, e.Name(), volumes); err != nil {
+			errs = append(errs, fmt.Errorf("project %q: %w", e.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (b *Backend) sweep(ctx context.Context, name string, volumes bool) error {
+	defer b.lock(name)()
+	if !b.isProjectDir(name) {
+		return nil
+	}
+	b.log.Info("sweep", "project", name, "volumes", volumes)
+	return b.removeLocked(ctx, name, volumes)
 }
 
 // Logs implements backend.Logger by reading the server's log file.

@@ -248,8 +248,7 @@ func (k *localKit) stopOutside(t testing.TB, h *harness, spec backend.Spec) {
 }
 
 // crashingProject makes a server whose configuration Postgres rejects at
-// start: pg_ctl (which pgwake runs without waiting) succeeds, then the
-// postmaster exits.
+// start: the postmaster exits before it serves.
 func (k *localKit) crashingProject(t testing.TB, h *harness) (backend.Spec, []string) {
 	spec := h.newSpec("crashy")
 	h.register(spec, backend.SleepStop, 0)

@@ -453,7 +453,11 @@ func (p *project) exitError(ctx context.Context, spec backend.Spec, st backend.S
 	if st.Exit != "" {
 		msg += " (" + st.Exit + ")"
 	}
-	if tail := p.logTail(ctx, spec); tail != "" {
+	tail := st.Log
+	if tail == "" {
+		tail = p.logTail(ctx, spec)
+	}
+	if tail != "" {
 		msg += "; its log ends: " + tail
 	}
 	return fmt.Errorf("%w: %s", errNotOurServer, msg)
