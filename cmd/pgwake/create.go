@@ -28,7 +28,8 @@ func newCreateCommand(d *deps) *cobra.Command {
 	f.StringVar(&req.Image, "image", "", "Postgres image (default: the image config key)")
 	f.StringVar(&req.SleepAfter, "sleep-after", "", "idle time before it sleeps, like 10m; 0 never sleeps (default: sleep_after)")
 	f.StringVar(&req.SleepMode, "sleep-mode", "", "stop (frees memory) or pause (wakes in milliseconds) (default: sleep_mode)")
-	f.IntVar(&req.Port, "port", 0, "also listen on this port for the project alone (port routing), for clients that cannot choose a database name")
+	f.IntVar(&req.Port, "port", 0, "also listen on this port for the project alone (port routing), for clients that cannot choose a database name; within port_range")
+	f.BoolVar(&req.PortOutsideRange, "port-outside-range", false, "allow a --port below 1024 or outside port_range")
 	f.BoolVar(&ephemeral, "ephemeral", false, "remove the project with its data on pgwake down (default: ephemeral)")
 	return cmd
 }

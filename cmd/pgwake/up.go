@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,8 +36,10 @@ func newUpCommand(d *deps) *cobra.Command {
 		Short: "Run the pgwake proxy (foreground; -d for background)",
 		Long: `Run the pgwake proxy. In the foreground it logs to stderr and stops on
 Ctrl-C, putting every project to sleep cleanly. With -d it starts itself in
-the background, logging to <state_dir>/pgwake.log; add --wait to return only
-once it serves.`,
+the background, logging to <state_dir>/pgwake.log, and returns once it
+answers, or with the error it stopped on (engine unreachable, port in use,
+already running); add --wait to return only once start-up is complete
+(declared projects created).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.detach {
@@ -51,8 +56,8 @@ once it serves.`,
 	}
 	f := cmd.Flags()
 	f.BoolVarP(&o.detach, "detach", "d", false, "run in the background")
-	f.BoolVar(&o.wait, "wait", false, "with -d: return once pgwake serves")
-	f.DurationVar(&o.waitTimeout, "wait-timeout", 60*time.Second, "with --wait: how long to wait")
+	f.BoolVar(&o.wait, "wait", false, "with -d: return once start-up is complete (declared projects created)")
+	f.DurationVar(&o.waitTimeout, "wait-timeout", 60*time.Second, "with -d: how long to wait for pgwake to serve")
 	var keys []string
 	for _, k := range config.Keys() {
 		if !slices.Contains(globalKeys, k.Name) {
@@ -79,7 +84,9 @@ func daemonProcs(env string, available int) int {
 }
 
 // runUpDetached starts `pgwake up` again as a background process in its own
-// session, with the same configuration flags.
+// session, with the same configuration flags, and waits until it serves
+// (its admin API answers; with --wait also its start-up is complete) or
+// exits. If it exits, the error it printed is this command's error.
 func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptions) error {
 	cl := d.client()
 	if err := cl.Healthy(ctx); err == nil {
@@ -106,6 +113,11 @@ func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptio
 		return fmt.Errorf("open log: %w", err)
 	}
 	defer logf.Close()
+	// This start's output begins here; its error is looked for from here.
+	offset, err := logf.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("open log: %w", err)
+	}
 	child := exec.Command(exe, args...)
 	child.Env = d.environ
 	child.Stdout, child.Stderr = logf, logf
@@ -116,25 +128,68 @@ func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptio
 	fmt.Fprintf(d.stderr, "pgwake started in the background (pid %d, log %s)\n", child.Process.Pid, logPath)
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
-	if !o.wait {
-		return nil
-	}
 
+	// The admin socket offers nothing to wait on before it exists: poll
+	// it, and the child's exit, which is an event.
 	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if info, err := cl.Info(ctx); err == nil {
+		if info, err := cl.Info(ctx); err == nil && (!o.wait || !info.Starting) {
 			fmt.Fprintf(d.stderr, "pgwake is serving on %s (backend %s)\n", info.Listen, info.Backend)
+			for _, b := range info.Backends {
+				if b.Error != "" {
+					fmt.Fprintf(d.stderr, "warning: the %s backend is unavailable; its %d project(s) answer clients with this error until it can be reached: %s\n",
+						b.Name, b.Projects, b.Error)
+				}
+			}
 			return nil
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("pgwake exited during start-up (%v); see %s", err, logPath)
+			return startupError(logPath, offset, err)
 		case <-ctx.Done():
 			return fmt.Errorf("pgwake did not serve within %s; see %s", o.waitTimeout, logPath)
 		case <-tick.C:
 		}
 	}
+}
+
+// startupError is the error a daemon that exited during start-up printed
+// (main's "pgwake: ..." line, the last in its log since offset), with its
+// exit code; or, if it printed none, how it exited.
+func startupError(logPath string, offset int64, exit error) error {
+	msg := lastErrorLine(logPath, offset)
+	if msg == "" {
+		return fmt.Errorf("pgwake exited during start-up (%v); see %s", exit, logPath)
+	}
+	err := errors.New(msg)
+	var ee *exec.ExitError
+	if errors.As(exit, &ee) && ee.ExitCode() == 2 {
+		return usageError(err)
+	}
+	return err
+}
+
+// lastErrorLine returns the last "pgwake: " line written to the log after
+// offset, without the prefix main adds again.
+func lastErrorLine(logPath string, offset int64) string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return ""
+	}
+	last := ""
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if msg, ok := strings.CutPrefix(sc.Text(), "pgwake: "); ok {
+			last = msg
+		}
+	}
+	return last
 }

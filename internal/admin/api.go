@@ -14,11 +14,26 @@ const APIPrefix = "/v1"
 
 // Info describes the running daemon.
 type Info struct {
-	Version  string `json:"version"`
-	PID      int    `json:"pid"`
-	Listen   string `json:"listen"`
-	Backend  string `json:"backend"`
-	StateDir string `json:"state_dir"`
+	Version string `json:"version"`
+	PID     int    `json:"pid"`
+	Listen  string `json:"listen"`
+	// Backend is where new projects are created; each project shows its
+	// own in Project.Backend.
+	Backend  string        `json:"backend"`
+	Backends []BackendInfo `json:"backends"`
+	StateDir string        `json:"state_dir"`
+	// Starting is set until start-up has finished (the projects
+	// pgwake.yaml declares are created); `up --wait` waits for it.
+	Starting bool `json:"starting,omitempty"`
+}
+
+// BackendInfo is one backend the daemon uses.
+type BackendInfo struct {
+	Name string `json:"name"`
+	// Error is set while the backend cannot be reached: its projects'
+	// clients get this error until it can.
+	Error    string `json:"error,omitempty"`
+	Projects int    `json:"projects"`
 }
 
 // Project is one project as the API shows it. Durations are milliseconds.
@@ -74,6 +89,9 @@ type CreateRequest struct {
 	SleepMode  string `json:"sleep_mode,omitempty"`
 	Ephemeral  *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
 	Port       int    `json:"port,omitempty"`      // a listen port of its own
+	// PortOutsideRange allows a Port below 1024 or outside the daemon's
+	// port_range.
+	PortOutsideRange bool `json:"port_outside_range,omitempty"`
 }
 
 // Errors a Service returns for the API to map to HTTP statuses.

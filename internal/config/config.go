@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/proxy"
 )
 
 // EnvPrefix starts every environment variable pgwake reads.
@@ -56,6 +57,8 @@ type Config struct {
 	ShutdownTimeout       time.Duration `yaml:"shutdown_timeout" usage:"how long open connections may drain on down"`
 	MaxConnections        int           `yaml:"max_connections" usage:"connection cap across all projects"`
 	MaxProjectConnections int           `yaml:"max_project_connections" usage:"connection cap per project"`
+	MaxStartupConnections int           `yaml:"max_startup_connections" usage:"connections still sending their startup packet; past it the oldest is closed"`
+	PortRange             string        `yaml:"port_range" usage:"ports create --port may use without --port-outside-range: LOW-HIGH, LOW at least 1024"`
 	LogLevel              string        `yaml:"log_level" usage:"debug, info, warn or error"`
 	LogFormat             string        `yaml:"log_format" usage:"text or json"`
 	Ephemeral             bool          `yaml:"ephemeral" usage:"new projects are ephemeral: removed with their data on down"`
@@ -116,6 +119,8 @@ func Default() Config {
 		ShutdownTimeout:       10 * time.Second,
 		MaxConnections:        1000,
 		MaxProjectConnections: 100,
+		MaxStartupConnections: proxy.DefaultMaxStartupConns,
+		PortRange:             "6500-6999",
 		LogLevel:              "info",
 		LogFormat:             "text",
 	}
@@ -496,6 +501,12 @@ func (c *Config) Validate() error {
 	if c.MaxConnections < 1 || c.MaxProjectConnections < 1 {
 		errs = append(errs, errors.New("max_connections and max_project_connections must be at least 1"))
 	}
+	if c.MaxStartupConnections < 1 {
+		errs = append(errs, errors.New("max_startup_connections must be at least 1"))
+	}
+	if _, _, err := c.Ports(); err != nil {
+		errs = append(errs, err)
+	}
 	seen := map[string]bool{}
 	for i, p := range c.Projects {
 		switch {
@@ -521,6 +532,24 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log_format: %q is not text or json", c.LogFormat))
 	}
 	return errors.Join(errs...)
+}
+
+// MinPortRange is the lowest port port_range may start at: lower ports are
+// the system's (and need privileges).
+const MinPortRange = 1024
+
+// Ports parses port_range ("6500-6999").
+func (c *Config) Ports() (low, high int, err error) {
+	lo, hi, ok := strings.Cut(c.PortRange, "-")
+	low, lerr := strconv.Atoi(strings.TrimSpace(lo))
+	high, herr := strconv.Atoi(strings.TrimSpace(hi))
+	switch {
+	case !ok || lerr != nil || herr != nil:
+		return 0, 0, fmt.Errorf("port_range: %q is not LOW-HIGH (like 6500-6999)", c.PortRange)
+	case low < MinPortRange || high > 65535 || low > high:
+		return 0, 0, fmt.Errorf("port_range: %q must be LOW-HIGH with %d <= LOW <= HIGH <= 65535", c.PortRange, MinPortRange)
+	}
+	return low, high, nil
 }
 
 // SlogLevel parses LogLevel.

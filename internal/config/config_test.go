@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgwake/pgwake/internal/config"
+	"github.com/pgwake/pgwake/internal/proxy"
 )
 
 // fixture returns the path of a file in testdata.
@@ -424,6 +425,14 @@ func TestValidate(t *testing.T) {
 		{name: "negative max_project_connections", mod: func(c *config.Config) { c.MaxProjectConnections = -1 }, wantErr: "at least 1"},
 		{name: "empty log_level", mod: func(c *config.Config) { c.LogLevel = "" }, wantErr: "log_level"},
 		{name: "empty state_dir", mod: func(c *config.Config) { c.StateDir = "" }, wantErr: "state_dir must be set"},
+		{name: "zero max_startup_connections", mod: func(c *config.Config) { c.MaxStartupConnections = 0 }, wantErr: "max_startup_connections must be at least 1"},
+		{name: "one port", mod: func(c *config.Config) { c.PortRange = "7000-7000" }},
+		{name: "port range with spaces", mod: func(c *config.Config) { c.PortRange = "1024 - 65535" }},
+		{name: "port range not a range", mod: func(c *config.Config) { c.PortRange = "6500" }, wantErr: `port_range: "6500" is not LOW-HIGH`},
+		{name: "port range not numbers", mod: func(c *config.Config) { c.PortRange = "a-b" }, wantErr: "is not LOW-HIGH"},
+		{name: "port range below 1024", mod: func(c *config.Config) { c.PortRange = "80-8080" }, wantErr: "1024 <= LOW <= HIGH <= 65535"},
+		{name: "port range reversed", mod: func(c *config.Config) { c.PortRange = "7000-6000" }, wantErr: "1024 <= LOW <= HIGH"},
+		{name: "port range past 65535", mod: func(c *config.Config) { c.PortRange = "6000-70000" }, wantErr: "HIGH <= 65535"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -598,6 +607,26 @@ func TestBindFlags(t *testing.T) {
 			t.Errorf("listen %q: an unset --listen overrode PGWAKE_LISTEN", cfg.Listen)
 		}
 	})
+}
+
+func TestPortsAndStartupDefaults(t *testing.T) {
+	t.Parallel()
+	c := config.Default()
+	low, high, err := c.Ports()
+	if err != nil || low != 6500 || high != 6999 {
+		t.Errorf("default port_range: %d-%d, %v; want 6500-6999", low, high, err)
+	}
+	if c.MaxStartupConnections != proxy.DefaultMaxStartupConns {
+		t.Errorf("default max_startup_connections %d, want the proxy's %d", c.MaxStartupConnections, proxy.DefaultMaxStartupConns)
+	}
+	cfg, err := config.Load(config.Sources{File: fixture("empty.yaml"),
+		Environ: []string{"PGWAKE_PORT_RANGE=7000-7100", "PGWAKE_MAX_STARTUP_CONNECTIONS=50"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if low, high, _ := cfg.Ports(); low != 7000 || high != 7100 || cfg.MaxStartupConnections != 50 {
+		t.Errorf("from the environment: port_range %d-%d, max_startup_connections %d", low, high, cfg.MaxStartupConnections)
+	}
 }
 
 func TestSocketPath(t *testing.T) {

@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgwake/pgwake/internal/admin"
@@ -28,14 +32,23 @@ import (
 	"github.com/pgwake/pgwake/internal/version"
 )
 
-// Daemon is a running pgwake.
+// Daemon is a running pgwake. New constructs it (taking the state dir's
+// lock, connecting backends, opening listeners and serving the admin API),
+// Serve serves clients until it is told to stop, and Close shuts it down
+// and releases everything New took.
 type Daemon struct {
 	cfg   config.Config
 	log   *slog.Logger
+	opts  Options
 	store *state.Store
-	be    backend.Backend
 	srv   *proxy.Server
 	ln    net.Listener
+	sock  string
+
+	// backends holds every backend some project lives on, and the one new
+	// projects are created on (newBackend), connected or not.
+	backends   map[string]*lazyBackend
+	newBackend string
 
 	hub     *hub
 	metrics *metrics.Metrics
@@ -43,9 +56,25 @@ type Daemon struct {
 
 	// serveCtx ends when the daemon stops serving; per-project listeners
 	// (port routing) run on it.
-	serveCtx context.Context
-	portMu   sync.Mutex
-	portLns  map[string]net.Listener
+	serveCtx    context.Context
+	stopServing context.CancelFunc
+	portMu      sync.Mutex
+	portLns     map[string]net.Listener
+	accepting   bool // Serve runs: a new project port is served at once
+
+	hs        *http.Server // admin API on the unix socket
+	ths       *http.Server // and on TCP (admin_listen), or nil
+	cancelAPI context.CancelFunc
+
+	starting  atomic.Bool // until Serve has created the declared projects
+	closing   atomic.Bool // Close has begun: no more projects are created
+	served    atomic.Bool // Serve was called
+	serveDone chan error  // the proxy's Serve, once Serve started it
+
+	// cleanups release what New took, in reverse order.
+	cleanups  []func()
+	closeOnce sync.Once
+	closeErr  error
 
 	shutdownOnce    sync.Once
 	shutdownCh      chan struct{}
@@ -55,56 +84,91 @@ type Daemon struct {
 // ErrAlreadyRunning is returned when another daemon owns the admin socket.
 var ErrAlreadyRunning = errors.New("pgwake is already running")
 
-// NewBackend connects a backend; tests may replace SelectBackend with it.
-type NewBackend func(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, string, error)
-
-// Options are Run's inputs beyond the config.
+// Options are New's inputs beyond the config.
 type Options struct {
-	NewBackend NewBackend
+	// Connect connects a backend by name; nil means ConnectBackend.
+	Connect Connect
 	// Ready, if set, is called once the proxy and admin API accept
-	// connections.
+	// connections and the declared projects exist.
 	Ready func(proxyAddr string)
 	// SweepInterval overrides the idle sweep period (tests).
 	SweepInterval time.Duration
+	// ReconnectInterval is how often, at most, a backend that could not
+	// be reached is tried again when one of its projects is used (default
+	// DefaultReconnectInterval).
+	ReconnectInterval time.Duration
 }
+
+// DefaultReconnectInterval is Options.ReconnectInterval's default.
+const DefaultReconnectInterval = 5 * time.Second
 
 // Run starts pgwake and blocks until ctx ends or a shutdown is requested
 // over the admin API; then it drains connections and puts every project to
-// sleep.
+// sleep. It is New, Serve and Close.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) error {
-	if opts.NewBackend == nil {
-		opts.NewBackend = SelectBackend
-	}
-	log.Info("starting pgwake", append([]any{"version", version.Version, "gomaxprocs", runtime.GOMAXPROCS(0)}, cfg.LogAttrs()...)...)
-
-	store, err := state.Open(cfg.StateDir)
+	d, err := New(ctx, cfg, log, opts)
 	if err != nil {
 		return err
 	}
-	sock := cfg.SocketPath()
+	serr := d.Serve(ctx)
+	cerr := d.Close()
+	if serr != nil {
+		return serr // Close logged its own error
+	}
+	return cerr
+}
+
+// New sets pgwake up: the state and its lock, the backends, TLS, the proxy
+// with every project, the listeners and the admin API (which answers from
+// here on; Info says Starting until Serve has finished start-up). Clients
+// are accepted once Serve runs. On error everything taken so far is
+// released.
+func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options) (_ *Daemon, err error) {
+	if opts.Connect == nil {
+		opts.Connect = ConnectBackend
+	}
+	if opts.ReconnectInterval <= 0 {
+		opts.ReconnectInterval = DefaultReconnectInterval
+	}
+	nofile, nerr := raiseNoFile()
+	attrs := []any{"version", version.Version, "gomaxprocs", runtime.GOMAXPROCS(0), "nofile", nofile}
+	log.Info("starting pgwake", append(attrs, cfg.LogAttrs()...)...)
+	if nerr != nil {
+		log.Warn("could not raise the open-files limit", "nofile", nofile, "err", nerr)
+	}
+
+	d := &Daemon{
+		cfg: cfg, log: log, opts: opts, sock: cfg.SocketPath(), shutdownCh: make(chan struct{}),
+		hub: newHub(), backends: map[string]*lazyBackend{},
+	}
+	defer func() {
+		if err != nil {
+			d.release()
+		}
+	}()
+	d.starting.Store(true)
+
+	if d.store, err = state.Open(cfg.StateDir); err != nil {
+		return nil, err
+	}
 	unlock, err := lockStateDir(cfg.StateDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer unlock()
-	if err := admin.NewClient(sock).Healthy(ctx); err == nil {
-		return fmt.Errorf("%w (admin socket %s)", ErrAlreadyRunning, sock)
+	d.cleanups = append(d.cleanups, unlock)
+	if err := admin.NewClient(d.sock).Healthy(ctx); err == nil {
+		return nil, fmt.Errorf("%w (admin socket %s)", ErrAlreadyRunning, d.sock)
+	}
+	if err := d.openBackends(ctx); err != nil {
+		return nil, err
 	}
 
-	be, reason, err := opts.NewBackend(ctx, cfg, store.Instance(), log)
-	if err != nil {
-		return err
-	}
-	defer be.Close()
-	log.Info("backend selected", "backend", be.Name(), "why", reason)
-
-	var tlsConf *tls.Config
 	if cfg.TLSOn() {
 		host, _, _ := net.SplitHostPort(cfg.Listen)
 		hostname, _ := os.Hostname()
-		tlsConf, err = certs.ServerConfig(cfg.StateDir, cfg.TLS.Cert, cfg.TLS.Key, []string{host, hostname}, time.Now())
+		d.tls, err = certs.ServerConfig(cfg.StateDir, cfg.TLS.Cert, cfg.TLS.Key, []string{host, hostname}, time.Now())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if cfg.TLS.Cert != "" {
 			log.Info("TLS on", "cert", cfg.TLS.Cert)
@@ -112,15 +176,13 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 			log.Info("TLS on with the local CA; verify clients against it", "ca", certs.CAPath(cfg.StateDir))
 		}
 	}
-
 	var upstreamTLS *tls.Config
 	if cfg.TLS.Upstream == "require" {
 		if upstreamTLS, err = certs.UpstreamConfig(cfg.TLS.UpstreamCA); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
-	d := &Daemon{cfg: cfg, log: log, store: store, be: be, shutdownCh: make(chan struct{}), hub: newHub(), tls: tlsConf}
 	d.metrics = metrics.New(d.Projects)
 	d.srv, err = proxy.New(proxy.Options{
 		OnChange:   d.hub.changed,
@@ -130,7 +192,6 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 			_, err := d.store.Get(project)
 			d.metrics.Refused(project, code, err == nil)
 		},
-		Backend:         be,
 		Logger:          log,
 		WakeTimeout:     cfg.WakeTimeout,
 		StartupTimeout:  cfg.StartupTimeout,
@@ -138,109 +199,291 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		SweepInterval:   opts.SweepInterval,
 		MaxConns:        cfg.MaxConnections,
 		MaxProjectConns: cfg.MaxProjectConnections,
-		TLS:             tlsConf,
+		MaxStartupConns: cfg.MaxStartupConnections,
+		TLS:             d.tls,
 		UpstreamTLS:     upstreamTLS,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for _, p := range store.Projects() {
+	d.cleanups = append(d.cleanups, d.srv.Close)
+	for _, p := range d.store.Projects() {
 		if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
-	d.ln, err = net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen for clients: %w", err)
-	}
-	// Remove a stale socket from a crashed daemon; the health check above
-	// proved nobody answers on it.
-	_ = os.Remove(sock)
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		d.ln.Close()
-		return fmt.Errorf("admin socket dir: %w", err)
-	}
-	aln, err := net.Listen("unix", sock)
-	if err != nil {
-		d.ln.Close()
-		return fmt.Errorf("listen on admin socket: %w", err)
-	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		aln.Close()
-		d.ln.Close()
-		return fmt.Errorf("admin socket: %w", err)
-	}
-	defer os.Remove(sock)
 	// Per-project listeners run on serveCtx; it must exist before the admin
 	// API can create a project with a port.
-	serveCtx, stopServing := context.WithCancel(context.Background())
-	defer stopServing()
-	d.serveCtx = serveCtx
+	d.serveCtx, d.stopServing = context.WithCancel(context.Background())
+	d.cleanups = append(d.cleanups, d.stopServing)
+	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen for clients: %w", err)
+	}
+	d.cleanups = append(d.cleanups, func() { d.ln.Close() })
+	d.cleanups = append(d.cleanups, d.closeProjectPorts)
+	for _, p := range d.store.Projects() {
+		if p.Port == 0 {
+			continue
+		}
+		// A busy port costs the project its own port, not the daemon.
+		if ln, err := d.listenPort(p); err != nil {
+			log.Error("project port", "project", p.Name, "err", err)
+		} else {
+			d.addProjectPort(p.Name, ln)
+		}
+	}
+	if err := d.serveAdmin(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// openBackends decides which backend new projects go to, assigns a
+// backend to projects stored without one, and connects every backend some
+// project lives on plus the one for new projects. A backend that cannot be
+// connected is kept as an unavailable one: its projects are told why. It
+// fails only when no backend could be connected.
+func (d *Daemon) openBackends(ctx context.Context) error {
+	cfg, log, instance := d.cfg, d.log, d.store.Instance()
+	// State files written before the backend was stored with each project:
+	// a project lives on the local backend if it has a data directory
+	// there, else (the only other backend there was) on Docker.
+	root := localRoot(cfg.StateDir, instance)
+	if err := d.store.AssignBackends(func(name string) string {
+		if hasLocalData(root, name) {
+			return "local"
+		}
+		return "docker"
+	}); err != nil {
+		return err
+	}
+	projects := d.store.Projects()
+	count := map[string]int{}
+	for _, p := range projects {
+		count[p.Backend]++
+	}
+	// Kept data counts as a project when auto decides: creating the project
+	// again must find its data.
+	evidence := maps.Clone(count)
+	for _, c := range d.store.Kept() {
+		evidence[c.Backend]++
+	}
+
+	connect := func(name string) func(context.Context) (backend.Backend, error) {
+		return func(ctx context.Context) (backend.Backend, error) {
+			return d.opts.Connect(ctx, name, cfg, instance, log)
+		}
+	}
+	var reason string
+	switch {
+	case cfg.Backend != "auto":
+		d.newBackend, reason = cfg.Backend, "backend: "+cfg.Backend
+	case len(evidence) > 0:
+		d.newBackend = mostUsed(evidence)
+		reason = "auto: the backend this state dir's projects use"
+	default:
+		// A state dir without projects: auto chooses.
+		be, why, err := selectBackend(ctx, d.opts.Connect, cfg, instance, log)
+		if err != nil {
+			return err
+		}
+		d.newBackend, reason = be.Name(), why
+		d.addBackend(newLazyBackend(be.Name(), be, nil, connect(be.Name()), d.opts.ReconnectInterval, log))
+	}
+	names := slices.Sorted(maps.Keys(count))
+	if !slices.Contains(names, d.newBackend) {
+		names = append(names, d.newBackend)
+	}
+	var reasons []string
+	for _, name := range names {
+		l := d.backends[name]
+		if l == nil {
+			be, err := d.opts.Connect(ctx, name, cfg, instance, log)
+			if err == nil && name == d.newBackend {
+				reason = describe(be, reason)
+			}
+			l = newLazyBackend(name, be, err, connect(name), d.opts.ReconnectInterval, log)
+			d.addBackend(l)
+		}
+		if ok, err := l.available(); !ok {
+			reasons = append(reasons, err.Error())
+			log.Warn("backend unavailable: its projects answer clients with this error until it can be reached",
+				"backend", name, "projects", count[name], "err", err)
+		}
+	}
+	log.Info("backend for new projects", "backend", d.newBackend, "why", reason)
+	if len(reasons) == len(names) {
+		if len(projects) == 0 {
+			return errors.New(strings.Join(reasons, "; "))
+		}
+		return fmt.Errorf("none of the %d projects can be served: %s", len(projects), strings.Join(reasons, "; "))
+	}
+	return nil
+}
+
+func (d *Daemon) addBackend(l *lazyBackend) {
+	d.backends[l.name] = l
+	d.cleanups = append(d.cleanups, func() { l.Close() })
+}
+
+// mostUsed is the name counted most often; ties go to the first by name.
+func mostUsed(count map[string]int) string {
+	best := ""
+	for _, name := range slices.Sorted(maps.Keys(count)) {
+		if best == "" || count[name] > count[best] {
+			best = name
+		}
+	}
+	return best
+}
+
+// serveAdmin serves the admin API on the unix socket and, when
+// configured, on TCP.
+func (d *Daemon) serveAdmin() error {
+	// Remove a stale socket from a crashed daemon; the health check in New
+	// proved nobody answers on it.
+	_ = os.Remove(d.sock)
+	if err := os.MkdirAll(filepath.Dir(d.sock), 0o700); err != nil {
+		return fmt.Errorf("admin socket dir: %w", err)
+	}
+	aln, err := net.Listen("unix", d.sock)
+	if err != nil {
+		return fmt.Errorf("listen on admin socket: %w", err)
+	}
+	d.cleanups = append(d.cleanups, func() { aln.Close(); os.Remove(d.sock) })
+	if err := os.Chmod(d.sock, 0o600); err != nil {
+		return fmt.Errorf("admin socket: %w", err)
+	}
 	handler := d.handler()
 	// Requests run on apiCtx, cancelled at shutdown so open event streams
 	// end instead of holding the HTTP shutdown up.
 	apiCtx, cancelAPI := context.WithCancel(context.Background())
-	defer cancelAPI()
+	d.cancelAPI = cancelAPI
+	d.cleanups = append(d.cleanups, cancelAPI)
 	baseCtx := func(net.Listener) context.Context { return apiCtx }
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
-	go hs.Serve(aln)
-	if cfg.AdminListen != "" {
-		tln, err := net.Listen("tcp", cfg.AdminListen)
-		if err != nil {
-			aln.Close()
-			d.ln.Close()
+	d.hs = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
+	var tln net.Listener
+	if d.cfg.AdminListen != "" {
+		if tln, err = net.Listen("tcp", d.cfg.AdminListen); err != nil {
 			return fmt.Errorf("admin listen: %w", err)
 		}
-		ths := &http.Server{Handler: admin.RequireToken(cfg.AdminToken, handler), ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
-		go ths.Serve(tln)
-		defer ths.Close()
-		log.Info("admin API and metrics on TCP", "addr", tln.Addr().String(), "token_required", cfg.AdminToken != "")
+		d.ths = &http.Server{Handler: admin.RequireToken(d.cfg.AdminToken, handler), ReadHeaderTimeout: 10 * time.Second, BaseContext: baseCtx}
+		d.cleanups = append(d.cleanups, func() { d.ths.Close() })
+		go d.ths.Serve(tln)
+		d.log.Info("admin API and metrics on TCP", "addr", tln.Addr().String(), "token_required", d.cfg.AdminToken != "")
 	}
+	d.cleanups = append(d.cleanups, func() { d.hs.Close() })
+	go d.hs.Serve(aln)
+	return nil
+}
 
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- d.srv.Serve(serveCtx, d.ln) }()
-	for _, p := range store.Projects() {
-		if err := d.listenProjectPort(p); err != nil {
-			log.Error("project port", "project", p.Name, "err", err)
+// Serve accepts clients, creates the projects pgwake.yaml declares, and
+// blocks until ctx ends or a shutdown is requested over the admin API. It
+// returns an error only when start-up fails (a declared project cannot be
+// created); call Close in every case.
+func (d *Daemon) Serve(ctx context.Context) error {
+	if !d.served.CompareAndSwap(false, true) {
+		return errors.New("daemon: Serve called twice")
+	}
+	d.serveDone = make(chan error, 1)
+	go func() { d.serveDone <- d.srv.Serve(d.serveCtx, d.ln) }()
+	d.portMu.Lock()
+	d.accepting = true
+	for name, ln := range d.portLns {
+		go d.srv.ServeProject(d.serveCtx, ln, name)
+	}
+	d.portMu.Unlock()
+
+	// Declared projects are created on a context that a shutdown ends too:
+	// an image pull must not hold `down` up.
+	dctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-d.shutdownCh:
+			cancel()
+		case <-dctx.Done():
 		}
+	}()
+	err := d.createDeclared(dctx)
+	cancel()
+	d.starting.Store(false)
+	if err != nil {
+		d.log.Error("creating declared projects", "err", err)
+		return err
 	}
-
-	if err := d.createDeclared(ctx); err != nil {
-		log.Error("creating declared projects", "err", err)
-		d.Shutdown(false)
+	d.log.Info("pgwake is serving", "listen", d.ln.Addr().String(), "admin", d.sock,
+		"backend", d.newBackend, "projects", len(d.store.Projects()))
+	if d.opts.Ready != nil {
+		d.opts.Ready(d.ln.Addr().String())
 	}
-	log.Info("pgwake is serving", "listen", d.ln.Addr().String(), "admin", sock,
-		"backend", be.Name(), "projects", len(store.Projects()))
-	if opts.Ready != nil {
-		opts.Ready(d.ln.Addr().String())
-	}
-
 	select {
 	case <-ctx.Done():
 	case <-d.shutdownCh:
 	}
-	log.Info("shutting down: draining connections, then putting projects to sleep",
-		"drain_timeout", cfg.ShutdownTimeout)
-	stopServing()
-	<-serveDone
-	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	return nil
+}
+
+// Close shuts pgwake down: the proxy first (it drains sessions up to
+// shutdown_timeout, answers connects that arrive meanwhile with 57P01,
+// puts every project to sleep and closes the listeners), then ephemeral
+// projects (or all, after `down --volumes`) are removed with their data,
+// the admin API stops, and the backends and the state dir's lock are
+// released. It is safe to call more than once.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() { d.closeErr = d.close() })
+	return d.closeErr
+}
+
+func (d *Daemon) close() error {
+	d.closing.Store(true)
+	d.log.Info("shutting down: draining connections, then putting projects to sleep",
+		"drain_timeout", d.cfg.ShutdownTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
 	defer cancel()
-	err = d.srv.Shutdown(dctx)
+	// Shutdown first: while it drains, the listeners stay open so late
+	// clients hear 57P01 rather than "connection refused".
+	err := d.srv.Shutdown(dctx)
+	d.stopServing()
+	d.ln.Close()
+	d.closeProjectPorts()
+	if d.serveDone != nil {
+		<-d.serveDone
+	}
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer rcancel()
 	if rerr := d.removeOnShutdown(rctx, d.shutdownVolumes); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
-	cancelAPI()
+	d.cancelAPI()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
-	_ = hs.Shutdown(sctx)
+	_ = d.hs.Shutdown(sctx)
+	d.release()
 	if err != nil {
+		d.log.Error("shutdown", "err", err)
 		return fmt.Errorf("shutdown: %w", err)
 	}
-	log.Info("pgwake stopped")
+	d.log.Info("pgwake stopped")
 	return nil
+}
+
+// release undoes what New took, newest first.
+func (d *Daemon) release() {
+	for i := len(d.cleanups) - 1; i >= 0; i-- {
+		d.cleanups[i]()
+	}
+	d.cleanups = nil
+}
+
+// backendOf is the backend project p lives on.
+func (d *Daemon) backendOf(p state.Project) *lazyBackend {
+	if l := d.backends[p.Backend]; l != nil {
+		return l
+	}
+	// Not reached: New connects every project's backend. Should it be,
+	// the project is reported unavailable rather than served elsewhere.
+	return newLazyBackend(p.Backend, nil, fmt.Errorf("unknown backend %q", p.Backend), nil, 0, d.log)
 }
 
 func spec(p state.Project) backend.Spec {
@@ -249,31 +492,36 @@ func spec(p state.Project) backend.Spec {
 
 func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	return proxy.Project{
-		Spec: spec(p), SleepAfter: p.SleepAfter,
+		Spec: spec(p), Backend: d.backendOf(p), SleepAfter: p.SleepAfter,
 		SleepMode: backend.SleepMode(p.SleepMode), Pinned: p.Pinned,
 	}
 }
 
-// listenProjectPort opens a project's dedicated port (port routing), on
-// the proxy's listen host.
-func (d *Daemon) listenProjectPort(p state.Project) error {
-	if p.Port == 0 {
-		return nil
-	}
+// listenPort opens a project's dedicated port (port routing), on the
+// proxy's listen host.
+func (d *Daemon) listenPort(p state.Project) (net.Listener, error) {
 	host, _, _ := net.SplitHostPort(d.cfg.Listen)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p.Port)))
 	if err != nil {
-		return fmt.Errorf("listen on port %d for project %q: %w", p.Port, p.Name, err)
+		return nil, fmt.Errorf("listen on port %d for project %q: %w", p.Port, p.Name, err)
 	}
+	return ln, nil
+}
+
+// addProjectPort records a project's listener and, once Serve runs,
+// accepts on it.
+func (d *Daemon) addProjectPort(name string, ln net.Listener) {
 	d.portMu.Lock()
 	if d.portLns == nil {
 		d.portLns = map[string]net.Listener{}
 	}
-	d.portLns[p.Name] = ln
+	d.portLns[name] = ln
+	accepting := d.accepting
 	d.portMu.Unlock()
-	go d.srv.ServeProject(d.serveCtx, ln, p.Name)
-	d.log.Info("project port", "project", p.Name, "listen", ln.Addr().String())
-	return nil
+	if accepting {
+		go d.srv.ServeProject(d.serveCtx, ln, name)
+	}
+	d.log.Info("project port", "project", name, "listen", ln.Addr().String())
 }
 
 func (d *Daemon) closeProjectPort(name string) {
@@ -286,6 +534,16 @@ func (d *Daemon) closeProjectPort(name string) {
 	}
 }
 
+func (d *Daemon) closeProjectPorts() {
+	d.portMu.Lock()
+	lns := d.portLns
+	d.portLns = nil
+	d.portMu.Unlock()
+	for _, ln := range lns {
+		ln.Close()
+	}
+}
+
 // handler is the admin API plus /metrics.
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -294,21 +552,39 @@ func (d *Daemon) handler() http.Handler {
 	return mux
 }
 
-// Ready implements admin.Service: listening, and the backend answers.
+// Ready implements admin.Service: listening, and every backend answers.
 func (d *Daemon) Ready(ctx context.Context) error {
-	if c, ok := d.be.(backend.Checker); ok {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		return c.Check(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var errs []string
+	for _, name := range slices.Sorted(maps.Keys(d.backends)) {
+		if err := d.backends[name].Check(ctx); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
 	}
 	return nil
 }
 
 // Info implements admin.Service.
 func (d *Daemon) Info() admin.Info {
+	count := map[string]int{}
+	for _, p := range d.store.Projects() {
+		count[p.Backend]++
+	}
+	var bs []admin.BackendInfo
+	for _, name := range slices.Sorted(maps.Keys(d.backends)) {
+		bi := admin.BackendInfo{Name: name, Projects: count[name]}
+		if ok, err := d.backends[name].available(); !ok {
+			bi.Error = err.Error()
+		}
+		bs = append(bs, bi)
+	}
 	return admin.Info{
 		Version: version.Version, PID: os.Getpid(), Listen: d.ln.Addr().String(),
-		Backend: d.be.Name(), StateDir: d.cfg.StateDir,
+		Backend: d.newBackend, Backends: bs, StateDir: d.cfg.StateDir, Starting: d.starting.Load(),
 	}
 }
 
@@ -342,7 +618,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out := admin.Project{
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
 		Pinned: p.Pinned, URL: d.URL(p), User: p.User, Database: p.Database, CreatedAt: p.CreatedAt,
-		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: d.be.Name(),
+		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
 	}
 	st, err := d.srv.ProjectStatus(p.Name)
 	if err != nil {
@@ -390,26 +666,36 @@ func apiErr(err error) error {
 	switch {
 	case errors.Is(err, state.ErrNotFound), errors.Is(err, proxy.ErrNoProject):
 		return admin.NotFound(err)
-	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists):
+	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists), errors.Is(err, backend.ErrNotOwned):
 		return admin.Conflict(err)
 	}
 	return err
 }
 
+// ErrClosing is returned for a project created while pgwake shuts down.
+var ErrClosing = errors.New("pgwake is shutting down")
+
 // Create implements admin.Service: it stores the project, creates its
 // server (pulling the image if needed) without starting it, and registers
-// it with the proxy.
+// it with the proxy. What can fail cheaply is checked before anything is
+// created (the name, the settings, the port); a failure after that removes
+// everything the create made, but never data that existed before it (data
+// kept by `rm` that this project reuses).
 func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Project, error) {
+	if d.closing.Load() {
+		return admin.Project{}, admin.Conflict(ErrClosing)
+	}
 	if err := state.ValidateName(req.Name); err != nil {
 		return admin.Project{}, admin.Invalid(err)
 	}
+	be := d.backends[d.newBackend]
 	p := state.Project{
 		Name: req.Name, Image: req.Image, User: "postgres", Database: req.Name,
 		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode, Ephemeral: d.cfg.Ephemeral,
-		Port: req.Port,
+		Port: req.Port, Backend: be.Name(),
 	}
-	if req.Port < 0 || req.Port > 65535 {
-		return admin.Project{}, admin.Invalid(fmt.Errorf("port %d is out of range", req.Port))
+	if err := d.checkPort(req.Port, req.PortOutsideRange); err != nil {
+		return admin.Project{}, admin.Invalid(err)
 	}
 	if req.Ephemeral != nil {
 		p.Ephemeral = *req.Ephemeral
@@ -423,8 +709,8 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
 		return admin.Project{}, admin.Invalid(err)
 	}
-	if backend.SleepMode(p.SleepMode) == backend.SleepPause && !backend.CanPause(d.be) {
-		return admin.Project{}, admin.Invalid(fmt.Errorf("the %s backend cannot pause servers; use --sleep-mode stop", d.be.Name()))
+	if backend.SleepMode(p.SleepMode) == backend.SleepPause && !backend.CanPause(be) {
+		return admin.Project{}, admin.Invalid(fmt.Errorf("the %s backend cannot pause servers; use --sleep-mode stop", be.Name()))
 	}
 	if req.SleepAfter != "" {
 		dur, err := time.ParseDuration(req.SleepAfter)
@@ -433,25 +719,82 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		}
 		p.SleepAfter = dur
 	}
-	p, err := d.store.Add(p)
+	if _, err := d.store.Get(p.Name); err == nil {
+		return admin.Project{}, admin.Conflict(fmt.Errorf("%w: %q", state.ErrExists, p.Name))
+	}
+	var ln net.Listener
+	if p.Port != 0 {
+		var err error
+		if ln, err = d.listenPort(p); err != nil {
+			return admin.Project{}, admin.Conflict(err)
+		}
+	}
+
+	p, reused, err := d.store.Add(p)
 	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
 		return admin.Project{}, apiErr(err)
 	}
-	if err := d.be.Ensure(ctx, spec(p)); err != nil {
-		_ = d.store.Remove(p.Name, false)
-		return admin.Project{}, fmt.Errorf("create project %q: %w", p.Name, err)
+	// Data that exists before Ensure is never removed by a rollback: kept
+	// data this project reuses, or a server of this instance already there
+	// (what the backend cannot tell us about, it keeps).
+	existed := reused
+	if !existed {
+		st, err := be.Status(ctx, spec(p))
+		existed = err != nil || st.State != backend.StateMissing
+	}
+	rollback := func(cause error) {
+		if ln != nil {
+			ln.Close()
+		}
+		// Something that is not ours (ErrNotOwned) is never touched; an
+		// unreachable backend created nothing.
+		if !errors.Is(cause, backend.ErrNotOwned) && !errors.Is(cause, backend.ErrUnavailable) {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			if err := be.Remove(rctx, spec(p), !existed); err != nil {
+				d.log.Error("create failed and its rollback too; `pgwake down --volumes` removes what is left",
+					"project", p.Name, "err", err)
+			}
+		}
+		if err := d.store.Remove(p.Name, reused); err != nil {
+			d.log.Error("create failed; removing it from the state", "project", p.Name, "err", err)
+		}
+	}
+	if err := be.Ensure(ctx, spec(p)); err != nil {
+		rollback(err)
+		return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
 	}
 	if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
-		_ = d.store.Remove(p.Name, false)
+		rollback(err)
 		return admin.Project{}, apiErr(err)
 	}
-	if err := d.listenProjectPort(p); err != nil {
-		_ = d.srv.RemoveProject(p.Name)
-		_ = d.store.Remove(p.Name, false)
-		return admin.Project{}, admin.Conflict(err)
+	if ln != nil {
+		d.addProjectPort(p.Name, ln)
 	}
-	d.log.Info("project created", "project", p.Name, "image", p.Image, "sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode)
+	d.log.Info("project created", "project", p.Name, "backend", p.Backend, "image", p.Image,
+		"sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode, "reused_data", reused)
 	return d.apiProject(p), nil
+}
+
+// checkPort refuses a project port below 1024 or outside port_range,
+// unless the request asks for it.
+func (d *Daemon) checkPort(port int, outsideRange bool) error {
+	if port < 0 || port > 65535 {
+		return fmt.Errorf("port %d is out of range", port)
+	}
+	if port == 0 || outsideRange {
+		return nil
+	}
+	if port < config.MinPortRange {
+		return fmt.Errorf("port %d is a system port (below %d); pass --port-outside-range to use it anyway", port, config.MinPortRange)
+	}
+	if low, high, err := d.cfg.Ports(); err == nil && (port < low || port > high) {
+		return fmt.Errorf("port %d is outside port_range %d-%d; pass --port-outside-range to use it anyway, or change port_range", port, low, high)
+	}
+	return nil
 }
 
 // Remove implements admin.Service.
@@ -465,11 +808,15 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	}
 	defer d.hub.changed(name)
 	d.closeProjectPort(name)
-	if err := d.be.Remove(ctx, spec(p), volumes); err != nil {
+	if err := d.backendOf(p).Remove(ctx, spec(p), volumes); err != nil {
 		// Put it back so the user can retry; the data is untouched.
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))
-		_ = d.listenProjectPort(p)
-		return err
+		if p.Port != 0 {
+			if ln, lerr := d.listenPort(p); lerr == nil {
+				d.addProjectPort(p.Name, ln)
+			}
+		}
+		return apiErr(err)
 	}
 	if err := d.store.Remove(name, !volumes); err != nil {
 		return apiErr(err)
@@ -504,11 +851,7 @@ func (d *Daemon) Logs(ctx context.Context, name string, follow bool, tail int) (
 	if err != nil {
 		return nil, apiErr(err)
 	}
-	lg, ok := d.be.(backend.Logger)
-	if !ok {
-		return nil, fmt.Errorf("the %s backend cannot show logs", d.be.Name())
-	}
-	return lg.Logs(ctx, spec(p), follow, tail)
+	return d.backendOf(p).Logs(ctx, spec(p), follow, tail)
 }
 
 // Shutdown implements admin.Service.
@@ -520,15 +863,18 @@ func (d *Daemon) Shutdown(volumes bool) {
 }
 
 // removeOnShutdown removes ephemeral projects, or all with volumes, data
-// included. Only what pgwake created is touched: its own projects.
+// included. Only what pgwake created is touched: its own projects and,
+// with all, whatever else carries this instance's labels on each backend
+// (leftovers of failed operations or of a crashed pgwake, data kept by
+// rm).
 func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
 	var errs []error
 	for _, p := range d.store.Projects() {
 		if !all && !p.Ephemeral {
 			continue
 		}
-		if err := d.be.Remove(ctx, spec(p), true); err != nil {
-			errs = append(errs, err)
+		if err := d.backendOf(p).Remove(ctx, spec(p), true); err != nil {
+			errs = append(errs, fmt.Errorf("remove project %q: %w", p.Name, err))
 			continue
 		}
 		if err := d.store.Remove(p.Name, false); err != nil {
@@ -536,6 +882,32 @@ func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
 			continue
 		}
 		d.log.Info("project removed with its data", "project", p.Name, "ephemeral", p.Ephemeral)
+	}
+	if !all {
+		return errors.Join(errs...)
+	}
+	// Backends that hold only kept data are connected for the sweep alone.
+	for _, c := range d.store.Kept() {
+		if d.backends[c.Backend] != nil {
+			continue
+		}
+		be, err := d.opts.Connect(ctx, c.Backend, d.cfg, d.store.Instance(), d.log)
+		if err != nil {
+			d.log.Warn("data kept by rm on an unavailable backend is left", "backend", c.Backend, "err", err)
+		}
+		d.addBackend(newLazyBackend(c.Backend, be, err, nil, 0, d.log))
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.backends)) {
+		if err := d.backends[name].RemoveAll(ctx, true); err != nil {
+			if !errors.Is(err, backend.ErrUnavailable) {
+				errs = append(errs, fmt.Errorf("remove everything on %s: %w", name, err))
+			}
+			continue
+		}
+		if err := d.store.ForgetKept(name); err != nil {
+			errs = append(errs, err)
+		}
+		d.log.Info("removed everything of this instance", "backend", name)
 	}
 	return errors.Join(errs...)
 }

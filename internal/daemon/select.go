@@ -18,33 +18,62 @@ import (
 // PostgreSQL binaries are available.
 var ErrNoBackend = errors.New("no backend available")
 
+// Connect connects one named backend ("docker" or "local"). It is
+// Options.Connect's type; ConnectBackend is the real one.
+type Connect func(ctx context.Context, name string, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error)
+
+// ConnectBackend connects the named backend.
+func ConnectBackend(ctx context.Context, name string, cfg config.Config, instance string, log *slog.Logger) (backend.Backend, error) {
+	switch name {
+	case "docker":
+		return dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
+	case "local":
+		return newLocal(ctx, cfg, instance, log)
+	}
+	return nil, fmt.Errorf("unknown backend %q (this pgwake knows docker and local)", name)
+}
+
 // SelectBackend connects the configured backend. With "auto" it takes
 // Docker when an engine answers, else local PostgreSQL binaries when found.
-// reason says which was chosen and why, for the user.
+// reason says which was chosen and why, for the user. The daemon lets auto
+// choose only for a state dir without projects: see New.
 func SelectBackend(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (be backend.Backend, reason string, err error) {
-	switch cfg.Backend {
-	case "docker":
-		d, err := dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
+	return selectBackend(ctx, ConnectBackend, cfg, instance, log)
+}
+
+func selectBackend(ctx context.Context, connect Connect, cfg config.Config, instance string, log *slog.Logger) (be backend.Backend, reason string, err error) {
+	if cfg.Backend != "auto" {
+		be, err := connect(ctx, cfg.Backend, cfg, instance, log)
 		if err != nil {
 			return nil, "", err
 		}
-		return d, "docker (backend: docker)", nil
-	case "local":
-		l, err := newLocal(ctx, cfg, instance, log)
-		if err != nil {
-			return nil, "", err
-		}
-		return l, "local (backend: local), binaries in " + l.BinDir(), nil
+		return be, describe(be, cfg.Backend+" (backend: "+cfg.Backend+")"), nil
 	}
-	d, derr := dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
+	d, derr := connect(ctx, "docker", cfg, instance, log)
 	if derr == nil {
 		return d, "docker (auto: a Docker engine answered)", nil
 	}
-	l, lerr := newLocal(ctx, cfg, instance, log)
+	l, lerr := connect(ctx, "local", cfg, instance, log)
 	if lerr == nil {
-		return l, "local (auto: no Docker engine answered; PostgreSQL binaries in " + l.BinDir() + ")", nil
+		return l, describe(l, "local (auto: no Docker engine answered)"), nil
 	}
 	return nil, "", fmt.Errorf("%w: no Docker engine answered (start Docker, or set DOCKER_HOST) and no PostgreSQL server binaries were found (install postgresql, or pass --pg-bin DIR)", ErrNoBackend)
+}
+
+// describe adds where a local backend found its binaries to reason.
+func describe(be backend.Backend, reason string) string {
+	if l, ok := be.(*localbackend.Backend); ok {
+		return reason + "; PostgreSQL binaries in " + l.BinDir()
+	}
+	return reason
+}
+
+// hasLocalData reports whether the local backend keeps a data directory
+// for project under root: evidence that a project recorded without its
+// backend lives there.
+func hasLocalData(root, project string) bool {
+	fi, err := os.Stat(filepath.Join(root, project, "data"))
+	return err == nil && fi.IsDir()
 }
 
 func newLocal(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (*localbackend.Backend, error) {

@@ -29,7 +29,12 @@ type Project struct {
 	// Ephemeral projects are removed, data and all, when pgwake goes down.
 	Ephemeral bool `json:"ephemeral,omitempty"`
 	// Port, if set, is a listen port of the project's own (port routing).
-	Port      int       `json:"port,omitempty"`
+	Port int `json:"port,omitempty"`
+	// Backend is the runtime the project's server and data live on
+	// ("docker", "local"). It never changes: a project is served from
+	// there or not at all. Empty only in state files written before it
+	// was stored, until the daemon assigns it (see AssignBackends).
+	Backend   string    `json:"backend"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -42,11 +47,13 @@ type file struct {
 	Kept map[string]Credentials `json:"kept,omitempty"`
 }
 
-// Credentials are what a kept data directory was initialised with.
+// Credentials are what a kept data directory was initialised with, and
+// the backend that keeps it.
 type Credentials struct {
 	User     string `json:"user"`
 	Password string `json:"password"`
 	Database string `json:"database"`
+	Backend  string `json:"backend,omitempty"`
 }
 
 // Store is the state file. It is safe for concurrent use.
@@ -126,20 +133,28 @@ func (s *Store) Get(name string) (Project, error) {
 	return Project{}, fmt.Errorf("%w: %q", ErrNotFound, name)
 }
 
-// Add stores a new project, generating its password if empty.
-func (s *Store) Add(p Project) (Project, error) {
+// Add stores a new project, generating its password if empty. When the
+// data of a project of the same name was kept (Remove with keepData) on
+// the same backend, the new project takes its credentials so it can reach
+// that data, and reused reports it: that data existed before this project.
+func (s *Store) Add(p Project) (_ Project, reused bool, err error) {
 	if err := ValidateName(p.Name); err != nil {
-		return Project{}, err
+		return Project{}, false, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, q := range s.f.Projects {
 		if q.Name == p.Name {
-			return Project{}, fmt.Errorf("%w: %q", ErrExists, p.Name)
+			return Project{}, false, fmt.Errorf("%w: %q", ErrExists, p.Name)
 		}
 	}
-	if kept, ok := s.f.Kept[p.Name]; ok && p.Password == "" {
+	kept, hadKept := s.f.Kept[p.Name]
+	// Data kept on another backend stays kept: this project cannot reach
+	// it, and a later project on that backend still can.
+	hadKept = hadKept && (kept.Backend == "" || kept.Backend == p.Backend)
+	if hadKept && p.Password == "" {
 		p.User, p.Password, p.Database = kept.User, kept.Password, kept.Database
+		reused = true
 	}
 	if p.Password == "" {
 		p.Password = randomHex(16)
@@ -148,16 +163,17 @@ func (s *Store) Add(p Project) (Project, error) {
 		p.CreatedAt = time.Now().UTC().Truncate(time.Second)
 	}
 	s.f.Projects = append(s.f.Projects, &p)
-	kept, hadKept := s.f.Kept[p.Name]
-	delete(s.f.Kept, p.Name)
+	if hadKept {
+		delete(s.f.Kept, p.Name)
+	}
 	if err := s.saveLocked(); err != nil {
 		if hadKept {
 			s.f.Kept[p.Name] = kept
 		}
 		s.f.Projects = s.f.Projects[:len(s.f.Projects)-1]
-		return Project{}, err
+		return Project{}, false, err
 	}
-	return p, nil
+	return p, reused, nil
 }
 
 // Update applies fn to a stored project and saves.
@@ -185,7 +201,7 @@ func (s *Store) Remove(name string, keepData bool) error {
 				if s.f.Kept == nil {
 					s.f.Kept = map[string]Credentials{}
 				}
-				s.f.Kept[name] = Credentials{User: p.User, Password: p.Password, Database: p.Database}
+				s.f.Kept[name] = Credentials{User: p.User, Password: p.Password, Database: p.Database, Backend: p.Backend}
 			} else {
 				delete(s.f.Kept, name)
 			}
@@ -193,6 +209,62 @@ func (s *Store) Remove(name string, keepData bool) error {
 		}
 	}
 	return fmt.Errorf("%w: %q", ErrNotFound, name)
+}
+
+// Kept returns a copy of the credentials of projects removed without
+// their data, by project name.
+func (s *Store) Kept() map[string]Credentials {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]Credentials, len(s.f.Kept))
+	for name, c := range s.f.Kept {
+		out[name] = c
+	}
+	return out
+}
+
+// ForgetKept drops the kept credentials of data on backendName (after
+// that backend removed everything of this instance).
+func (s *Store) ForgetKept(backendName string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for name, c := range s.f.Kept {
+		if c.Backend == backendName {
+			delete(s.f.Kept, name)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return s.saveLocked()
+}
+
+// AssignBackends gives every project and kept data without a backend (a
+// state file written before backends were stored) the one decide names
+// for it, and saves once if anything changed.
+func (s *Store) AssignBackends(decide func(project string) string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for _, p := range s.f.Projects {
+		if p.Backend == "" {
+			p.Backend = decide(p.Name)
+			changed = true
+		}
+	}
+	for name, c := range s.f.Kept {
+		if c.Backend == "" {
+			c.Backend = decide(name)
+			s.f.Kept[name] = c
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return s.saveLocked()
 }
 
 // saveLocked writes the file atomically (temp file + rename), mode 0600:

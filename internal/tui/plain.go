@@ -15,7 +15,7 @@ import (
 // CI. `pgwake ls` and `pgwake status --once` print this.
 func WriteTable(w io.Writer, ps []admin.Project) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tCONNS\tQUEUED\tWAKES\tLAST WAKE\tP95 WAKE\tSLEEPS IN\tIMAGE")
+	fmt.Fprintln(tw, "NAME\tSTATE\tCONNS\tQUEUED\tWAKES\tLAST WAKE\tP95 WAKE\tSLEEPS IN\tBACKEND\tIMAGE")
 	for _, p := range ps {
 		state := p.State
 		if p.Pinned {
@@ -28,8 +28,12 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if countingDown(p) {
 			sleeps = formatCountdown(time.Duration(p.SleepsInMS) * time.Millisecond)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", p.Name, state, p.Active, p.Queued, p.Wakes,
-			FormatLatency(p.LastWakeMS), FormatLatency(p.P95WakeMS), sleeps, p.Image)
+		be := p.Backend
+		if be == "" {
+			be = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, p.Active, p.Queued, p.Wakes,
+			FormatLatency(p.LastWakeMS), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
 	}
 	return tw.Flush()
 }
