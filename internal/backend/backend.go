@@ -73,7 +73,8 @@ type Status struct {
 	// runs (or is paused) and differs for every start (a container's ID
 	// and start time; a postmaster's pid and start time). Two Status calls
 	// with the same ID bracket a time in which Addr belonged to this
-	// server and no other.
+	// server and no other. A backend that leaves it empty gets only the
+	// weaker check that the address is unchanged.
 	ID string
 	// Exit says why a server that is not running stopped, when the runtime
 	// knows ("exited with code 1", "killed: out of memory"); for errors.
@@ -84,8 +85,9 @@ type Status struct {
 }
 
 // Backend hosts per-project Postgres servers. All methods are safe for
-// concurrent use on different projects; the proxy serialises calls for one
-// project.
+// concurrent use. For one project the proxy never overlaps Start, Sleep and
+// Remove with each other, but Status may run at any time, concurrently with
+// any of them (every client connection is checked with it).
 type Backend interface {
 	// Name is a short name for logs and status ("docker").
 	Name() string

@@ -78,7 +78,7 @@ func (c *clientConn) serve(ctx context.Context) {
 	if !ok {
 		return
 	}
-	if s.isClosing() {
+	if !s.admit(c) {
 		s.refuse(c.conn, "", pgwire.CodeAdminShutdown, "pgwake is shutting down", "")
 		return
 	}
@@ -111,7 +111,6 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 	defer p.release()
-	s.startupDone(c)
 
 	spec := p.spec()
 	if rewrite {

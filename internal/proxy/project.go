@@ -43,7 +43,8 @@ type env struct {
 	now      func() time.Time
 	log      *slog.Logger
 	up       *upstream
-	base     context.Context // wakes and sleeps run on it, detached from clients
+	base     context.Context // sleeps and checks run on it, detached from clients
+	wakeBase context.Context // wakes run on it: it ends when a shutdown's drain does
 	onChange func(project string)
 	onWake   func(project string, took time.Duration, err error)
 
@@ -101,6 +102,7 @@ type project struct {
 	latencies  []time.Duration // recent cold starts, oldest first
 	events     []Event         // recent state changes, oldest first
 	removed    bool
+	closed     bool // shut down with pgwake: no wake starts any more
 }
 
 func newProject(cfg Project, e *env) *project {
@@ -162,9 +164,22 @@ func (e *WakeError) Unwrap() error { return e.Err }
 var errRemoved = errors.New("project was removed")
 
 // errNotOurServer means the address a project was dialled at no longer
-// belongs to the server pgwake started for it (it exited, or was replaced):
+// belongs to the server pgwake started for it (it moved, or was replaced):
 // whatever answers there is somebody else's, and is never relayed to.
-var errNotOurServer = errors.New("not the server pgwake started for this project")
+// errServerGone is the plainer case: the server stopped. Both end a wake,
+// and make a running project be woken again.
+var (
+	errNotOurServer = errors.New("not the server pgwake started for this project")
+	errServerGone   = errors.New("server gone")
+)
+
+// errShuttingDown refuses wakes once pgwake has put the project to sleep
+// for good.
+var errShuttingDown = errors.New("pgwake is shutting down")
+
+// gone reports whether err says the project's server is not the one it
+// was dialled at any more.
+func gone(err error) bool { return errors.Is(err, errNotOurServer) || errors.Is(err, errServerGone) }
 
 // adopt takes over the project's server in whatever state the runtime
 // reports: a running server is Running (idle accounting starts now),
@@ -239,6 +254,10 @@ func (p *project) awake(ctx context.Context) (target, error) {
 			p.mu.Unlock()
 			return target{}, &WakeError{Project: p.name, Err: errRemoved}
 		}
+		if p.closed {
+			p.mu.Unlock()
+			return target{}, &WakeError{Project: p.name, Err: errShuttingDown}
+		}
 		switch p.state {
 		case StateRunning:
 			t := p.target
@@ -308,7 +327,7 @@ func (p *project) park(ctx context.Context, done <-chan struct{}) error {
 func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	e := p.env
 	start := e.now()
-	ctx, cancel := context.WithTimeout(e.base, e.wakeTimeout)
+	ctx, cancel := context.WithTimeout(e.wakeBase, e.wakeTimeout)
 	defer cancel()
 
 	p.log.Info("waking project")
@@ -460,7 +479,7 @@ func (p *project) exitError(ctx context.Context, spec backend.Spec, st backend.S
 	if tail != "" {
 		msg += "; its log ends: " + tail
 	}
-	return fmt.Errorf("%w: %s", errNotOurServer, msg)
+	return fmt.Errorf("%w: %s", errServerGone, msg)
 }
 
 // logTail returns the last lines of the server's log joined on one line,
@@ -515,16 +534,17 @@ func (p *project) connect(ctx context.Context, packet []byte) (net.Conn, []byte,
 			return up, first, nil
 		}
 		lastErr = keepReason(lastErr, err)
+		var de *dialError
 		switch {
-		case errors.Is(err, errNotOurServer):
+		case gone(err):
 			// Whatever answers there is not ours: forget the address and
 			// let awake start the project's own server again.
 			p.markDown(t, err)
 		case !retry && retryCtx.Err() == nil:
 			return nil, nil, err
-		case attempt >= 2:
-			// Repeated failures on a server we believe is running: it may
-			// have been stopped behind our back. Let awake re-check.
+		case attempt >= 2 && errors.As(err, &de):
+			// Repeated refused connects never reached a check: the server
+			// may have been stopped behind our back. Let awake re-check.
 			p.recheck(retryCtx, t)
 		}
 		select {
@@ -541,16 +561,26 @@ func (p *project) connect(ctx context.Context, packet []byte) (net.Conn, []byte,
 // try makes one connection to t for a client. The runtime is asked whether
 // t is still this project's server once the TCP connection exists, while
 // the startup exchange runs, so the check costs no round trip of its own.
-func (p *project) try(ctx context.Context, t target, packet []byte) (_ net.Conn, first []byte, retry bool, err error) {
+func (p *project) try(ctx context.Context, t target, packet []byte) (net.Conn, []byte, bool, error) {
 	e := p.env
 	c, err := e.up.dial(ctx, t.addr)
 	if err != nil {
 		return nil, nil, true, err
 	}
 	spec := p.spec()
+	// A failed check also ends the exchange: a foreign server that accepts
+	// and never answers must not hold the client until its deadline.
+	xctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	confirmed := make(chan error, 1)
-	go func() { confirmed <- p.confirm(ctx, spec, t) }()
-	up, first, retry, err := e.up.exchange(ctx, c, t.addr, packet)
+	go func() {
+		err := p.confirm(ctx, spec, t)
+		if err != nil {
+			cancel()
+		}
+		confirmed <- err
+	}()
+	up, first, retry, err := e.up.exchange(xctx, c, t.addr, packet)
 	if cerr := <-confirmed; cerr != nil {
 		if up != nil {
 			up.Close()
@@ -563,7 +593,7 @@ func (p *project) try(ctx context.Context, t target, packet []byte) (_ net.Conn,
 // recheck asks the backend whether the server at t still runs and marks
 // the project down if not.
 func (p *project) recheck(ctx context.Context, t target) {
-	if err := p.confirm(ctx, p.spec(), t); errors.Is(err, errNotOurServer) {
+	if err := p.confirm(ctx, p.spec(), t); gone(err) {
 		p.markDown(t, err)
 	}
 }
@@ -675,7 +705,7 @@ func (p *project) sleepNow(ctx context.Context) error {
 // A wake in progress is only nudged: its readiness loop checks at once.
 func (p *project) observe(st backend.State) {
 	p.mu.Lock()
-	spec, cur := p.cfg.Spec, p.state
+	spec, cur, t0 := p.cfg.Spec, p.state, p.target
 	p.mu.Unlock()
 	if cur == StateWaking {
 		select {
@@ -695,7 +725,10 @@ func (p *project) observe(st backend.State) {
 	}
 	p.mu.Lock()
 	switch {
-	case p.state == StateRunning && status.State != backend.StateRunning:
+	case p.state == StateRunning && p.target == t0 &&
+		(status.State != backend.StateRunning || (t0.id != "" && status.ID != t0.id)):
+		// Only the run seen before the check is marked down: a newer one
+		// (a sleep and a wake happened meanwhile) is not this event's.
 		p.state, p.target = StateSleeping, target{}
 		if status.Exit != "" {
 			p.lastErr, p.lastErrAt = "server "+string(status.State)+" outside pgwake ("+status.Exit+")", p.env.now()
@@ -725,17 +758,24 @@ func (p *project) remove() chan struct{} {
 	return p.inFlight()
 }
 
-// shutdown puts the project's server to sleep for a pgwake that exits: it
-// lets a wake or sleep in flight finish, then stops a running server, and
-// also stops a paused one (a paused server left behind would hold its
-// memory with nobody to wake it). Stopping a stopped server is a no-op.
+// shutdown puts the project's server to sleep for a pgwake that exits. No
+// wake starts from here; one in flight ends (its context ends with the
+// drain) before the server is stopped. A server that is not Running is
+// stopped too: a paused one would hold its memory with nobody to wake it,
+// and a failed wake can leave one running. Stopping a stopped server is a
+// no-op.
 func (p *project) shutdown() error {
 	p.mu.Lock()
+	p.closed = true
 	for p.state == StateWaking || p.state == StateStopping {
 		ch := p.inFlight()
 		p.mu.Unlock()
 		<-ch
 		p.mu.Lock()
+	}
+	if p.removed {
+		p.mu.Unlock()
+		return nil // its remover stops it
 	}
 	if p.state == StateRunning {
 		p.sleepLocked(backend.SleepStop)
@@ -746,15 +786,15 @@ func (p *project) shutdown() error {
 		}
 		return nil
 	}
-	paused := p.cfg.SleepMode == backend.SleepPause
 	spec := p.cfg.Spec
 	p.mu.Unlock()
-	if !paused {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.env.stopTimeout)
 	defer cancel()
-	return p.be.Sleep(ctx, spec, backend.SleepStop)
+	err := p.be.Sleep(ctx, spec, backend.SleepStop)
+	if errors.Is(err, backend.ErrUnavailable) || errors.Is(err, backend.ErrNotFound) {
+		return nil // nothing of it can be running where pgwake could stop it
+	}
+	return err
 }
 
 // Status is a snapshot of one project, for the admin API and the TUI.

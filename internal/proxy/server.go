@@ -125,7 +125,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*clientConn]struct{}
 	sessions  int           // conns accepted before a shutdown began
-	drained   chan struct{} // closed when sessions reaches 0 during a shutdown
+	drained   chan struct{} // made when a shutdown begins; closed once sessions reaches 0
 	closing   bool
 	closingCh chan struct{} // closed when closing is set
 	startup   list.List     // of *clientConn that have not sent a startup packet, oldest first
@@ -160,7 +160,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.refusals.init(opts.Logger)
 	s.env = &env{
-		now: time.Now, log: opts.Logger, up: s.up, base: base,
+		now: time.Now, log: opts.Logger, up: s.up, base: base, wakeBase: connCtx,
 		onChange: opts.OnChange, onWake: opts.OnWake,
 		wakeTimeout: opts.WakeTimeout, stopTimeout: opts.StopTimeout, grace: opts.GracePeriod,
 		readyPoll: opts.ReadyPoll, statusEvery: opts.StatusInterval, maxConns: opts.MaxProjectConns,
@@ -197,6 +197,9 @@ func (s *Server) AddProject(ctx context.Context, cfg Project) error {
 	p.adopt(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closing {
+		return fmt.Errorf("project %q: %w", cfg.Spec.Name, errShuttingDown)
+	}
 	if _, ok := s.projects[cfg.Spec.Name]; ok {
 		return fmt.Errorf("%w: %q", ErrProjectExists, cfg.Spec.Name)
 	}
@@ -326,12 +329,12 @@ func (s *Server) SetPinned(name string, pinned bool) error {
 	return nil
 }
 
-// Serve accepts clients on ln until ctx ends, Shutdown finishes or Close
-// is called. It also runs the idle sweep and follows the backends' events.
+// Serve accepts clients on ln until ctx ends, or Shutdown or Close closes
+// the listeners. It also runs the idle sweep and follows the backends' events.
 // It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.mu.Lock()
-	if !s.serving {
+	if !s.serving && !s.closing {
 		s.serving = true
 		s.loopWG.Add(1)
 		go s.sweepLoop()
@@ -361,6 +364,13 @@ func (s *Server) accept(ctx context.Context, ln net.Listener, fixed string) erro
 	s.acceptWG.Add(1)
 	s.mu.Unlock()
 	defer s.acceptWG.Done()
+	defer func() {
+		s.mu.Lock()
+		if s.listeners != nil {
+			delete(s.listeners, ln)
+		}
+		s.mu.Unlock()
+	}()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var tempDelay time.Duration
@@ -404,15 +414,30 @@ func (s *Server) accept(ctx context.Context, ln net.Listener, fixed string) erro
 	}
 }
 
-// startupDone takes c off the list of connections still in their startup
-// phase (and so no longer evictable).
-func (s *Server) startupDone(c *clientConn) {
+// closeDrainedLocked closes drained once a shutdown has begun and no
+// session is left. s.mu must be held.
+func (s *Server) closeDrainedLocked() {
+	if s.closing && s.sessions == 0 {
+		select {
+		case <-s.drained:
+		default:
+			close(s.drained)
+		}
+	}
+}
+
+// admit ends c's startup phase (it is no longer evictable) and decides, in
+// one step with a shutdown's start, whether it is served: a connection
+// that completes its startup packet once a shutdown began is answered
+// 57P01.
+func (s *Server) admit(c *clientConn) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if c.startupElem != nil {
 		s.startup.Remove(c.startupElem)
 		c.startupElem = nil
 	}
-	s.mu.Unlock()
+	return !s.closing
 }
 
 func (s *Server) forget(c *clientConn) {
@@ -424,10 +449,7 @@ func (s *Server) forget(c *clientConn) {
 	}
 	if !c.late {
 		s.sessions--
-		if s.sessions == 0 && s.drained != nil {
-			close(s.drained)
-			s.drained = nil
-		}
+		s.closeDrainedLocked()
 	}
 	s.mu.Unlock()
 	s.connWG.Done()
@@ -450,22 +472,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.sessions--
 		}
 	}
-	var drained chan struct{}
-	if s.sessions > 0 {
-		drained = make(chan struct{})
-		s.drained = drained
-	}
+	s.closeDrainedLocked()
+	drained := s.drained
 	s.mu.Unlock()
 
-	if drained != nil {
-		select {
-		case <-drained:
-		case <-ctx.Done():
-			s.mu.Lock()
-			n := s.sessions
-			s.mu.Unlock()
-			s.log.Warn("drain time over; ending open sessions with 57P01 (admin shutdown)", "count", n)
-		}
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		s.mu.Lock()
+		n := s.sessions
+		s.mu.Unlock()
+		s.log.Warn("drain time over; ending open sessions with 57P01 (admin shutdown)", "count", n)
 	}
 	s.connCancel() // parked clients: 57P01
 
@@ -491,6 +508,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.connWG.Wait()
 	s.baseCancel()
 	s.loopWG.Wait()
+	s.refusals.flush()
 	return errors.Join(errs...)
 }
 
@@ -529,6 +547,7 @@ func (s *Server) Close() {
 	s.closeListeners()
 	s.closeConns()
 	s.baseCancel()
+	s.refusals.flush()
 }
 
 func (s *Server) sweepLoop() {
@@ -573,6 +592,10 @@ func (s *Server) setClosingLocked() {
 	if !s.closing {
 		s.closing = true
 		close(s.closingCh)
+		s.drained = make(chan struct{})
+		if s.sessions == 0 {
+			close(s.drained)
+		}
 	}
 }
 

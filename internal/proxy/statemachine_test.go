@@ -284,45 +284,114 @@ func TestWakeNeverLandsOnAnotherServer(t *testing.T) {
 
 func TestRunningProjectWhoseAddressWasReusedIsWokenNotRelayed(t *testing.T) {
 	t.Parallel()
-	first := newScriptedUpstream(t).named("15-ours-first-run")
-	second := newScriptedUpstream(t).named("15-ours-second-run")
-	firstAddr := first.ln.Addr().String()
+	// What takes over the crashed server's address: another Postgres that
+	// answers, or something that accepts and never says a word (a paused
+	// server): neither may hold or reach the client.
+	for _, squatter := range []string{"answers", "silent"} {
+		t.Run(squatter, func(t *testing.T) {
+			t.Parallel()
+			first := newScriptedUpstream(t).named("15-ours-first-run")
+			second := newScriptedUpstream(t).named("15-ours-second-run")
+			firstAddr := first.ln.Addr().String()
 
+			be := &scriptBackend{}
+			be.start = func() (backend.Endpoint, error) {
+				ep := backend.Endpoint{Addr: firstAddr, ID: "run-1"}
+				if be.starts > 1 {
+					ep = backend.Endpoint{Addr: second.ln.Addr().String(), ID: "run-2"}
+				}
+				be.status = backend.Status{State: backend.StateRunning, Addr: ep.Addr, ID: ep.ID}
+				return ep, nil
+			}
+			srv, paddr := serveBackend(t, be, proxy.Options{})
+			if v := connectVersion(t, paddr); v != "15-ours-first-run" {
+				t.Fatalf("first client reached %q", v)
+			}
+
+			// The server crashes, no event arrives (a lagging event stream),
+			// and something else takes its address.
+			first.ln.Close()
+			first.wg.Wait()
+			be.set(backend.Status{State: backend.StateStopped, Exit: "killed"})
+			ln, err := net.Listen("tcp", firstAddr)
+			if err != nil {
+				t.Skipf("could not take over %s: %v", firstAddr, err)
+			}
+			if squatter == "answers" {
+				other := &scriptedUpstream{ln: ln, version: "15-another-project"}
+				other.wg.Add(1)
+				go other.serve()
+				t.Cleanup(func() { ln.Close(); other.wg.Wait() })
+			} else {
+				holdSilent(t, ln)
+			}
+
+			for i := range 3 {
+				if v := connectVersion(t, paddr); v != "15-ours-second-run" {
+					t.Fatalf("client %d reached %q, want this project's own restarted server", i, v)
+				}
+			}
+			if st, _ := srv.ProjectStatus("app"); st.Wakes != 2 || be.startCount() != 2 {
+				t.Fatalf("wakes %d, starts %d; want 2 and 2", st.Wakes, be.startCount())
+			}
+		})
+	}
+}
+
+// holdSilent accepts connections on ln and never writes to them.
+func holdSilent(t *testing.T, ln net.Listener) {
+	var mu sync.Mutex
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+}
+
+func TestFailedWakeLeavesNoServerRunningAfterShutdown(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdSilent(t, ln) // started, never ready
 	be := &scriptBackend{}
 	be.start = func() (backend.Endpoint, error) {
-		ep := backend.Endpoint{Addr: firstAddr, ID: "run-1"}
-		if be.starts > 1 {
-			ep = backend.Endpoint{Addr: second.ln.Addr().String(), ID: "run-2"}
-		}
-		be.status = backend.Status{State: backend.StateRunning, Addr: ep.Addr, ID: ep.ID}
-		return ep, nil
+		be.status = backend.Status{State: backend.StateRunning, Addr: ln.Addr().String(), ID: "run-1"}
+		return backend.Endpoint{Addr: ln.Addr().String(), ID: "run-1"}, nil
 	}
-	srv, paddr := serveBackend(t, be, proxy.Options{})
-	if v := connectVersion(t, paddr); v != first.version {
-		t.Fatalf("first client reached %q", v)
+	srv, paddr := serveBackend(t, be, proxy.Options{WakeTimeout: 300 * time.Millisecond, BackoffBase: time.Hour})
+	if pgErr := connectErr(t, paddr); pgErr.Code != "08006" {
+		t.Fatalf("code %s, want 08006", pgErr.Code)
 	}
-
-	// The server crashes, no event arrives (a lagging event stream), and
-	// another server takes its address.
-	first.ln.Close()
-	first.wg.Wait()
-	be.set(backend.Status{State: backend.StateStopped, Exit: "killed"})
-	ln, err := net.Listen("tcp", firstAddr)
-	if err != nil {
-		t.Skipf("could not take over %s for the other server: %v", firstAddr, err)
+	// Twice, concurrently: both calls return.
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- srv.Shutdown(context.Background()) }()
 	}
-	other := &scriptedUpstream{ln: ln, version: "15-another-project"}
-	other.wg.Add(1)
-	go other.serve()
-	t.Cleanup(func() { ln.Close(); other.wg.Wait() })
-
-	for i := range 3 {
-		if v := connectVersion(t, paddr); v != second.version {
-			t.Fatalf("client %d reached %q, want this project's own restarted server", i, v)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Shutdown: %v", err)
 		}
 	}
-	if st, _ := srv.ProjectStatus("app"); st.Wakes != 2 || be.startCount() != 2 {
-		t.Fatalf("wakes %d, starts %d; want 2 and 2", st.Wakes, be.startCount())
+	if st, _ := be.Status(t.Context(), backend.Spec{}); st.State != backend.StateStopped {
+		t.Fatalf("server %s after shutdown; the failed wake's server must be stopped", st.State)
 	}
 }
 

@@ -30,10 +30,19 @@ func (u *upstream) dial(ctx context.Context, addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
+		return nil, &dialError{addr: addr, err: err}
 	}
 	return c, nil
 }
+
+// dialError is a failed TCP connect: nothing of the server was reached.
+type dialError struct {
+	addr string
+	err  error
+}
+
+func (e *dialError) Error() string { return fmt.Sprintf("dial %s: %v", e.addr, e.err) }
+func (e *dialError) Unwrap() error { return e.err }
 
 // exchange negotiates upstream TLS if configured, sends the startup packet
 // and reads the first reply's header (a whole ErrorResponse when that is
@@ -50,6 +59,10 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 	if dl, has := ctx.Deadline(); has {
 		_ = c.SetDeadline(dl)
 	}
+	// A cancelled exchange (the server proved not ours, the client left,
+	// the drain ended) must not wait out a server that never replies.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if u.tls != nil {
 		tc, retry, err := startUpstreamTLS(c, u.tls, addr)
 		if err != nil {
@@ -78,6 +91,9 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 		}
 		first = append(first, body...)
 	}
+	if !stop() {
+		return nil, nil, false, ctx.Err()
+	}
 	_ = c.SetDeadline(time.Time{})
 	ok = true
 	return c, first, false, nil
@@ -89,6 +105,10 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 // before closing, since closing with unread input resets the connection
 // and Postgres logs that.
 func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (retry bool, err error) {
+	// One attempt is bounded on its own: something that accepts and never
+	// answers must not hold the wake's checks up until its deadline.
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	c, err := u.dial(ctx, addr)
 	if err != nil {
 		return true, err
@@ -104,6 +124,9 @@ func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (retry
 	}
 	return false, nil
 }
+
+// probeTimeout bounds one readiness probe; a timed-out probe is retried.
+const probeTimeout = 2 * time.Second
 
 // probePacket is the startup packet of the readiness probe: the project's
 // own user and database, and an application_name that shows in the
