@@ -327,9 +327,10 @@ func asPgError(t *testing.T, err error) *pgconn.PgError {
 	return pgErr
 }
 
-func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
+func TestIntegrationContainerReplacedOutsideIsLeftAlone(t *testing.T) {
 	forDocker(t, func(t *testing.T, k kit) {
-		h := newHarness(t, k, harnessOptions{})
+		// A backoff of a millisecond: over long before the owner's docker rm.
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{BackoffBase: time.Millisecond}})
 		spec := h.addProject("drift", backend.SleepStop, 0)
 		ctx := t.Context()
 		h.seed(spec, "create table keep(v int); insert into keep values (7)")
@@ -338,15 +339,36 @@ func TestIntegrationContainerReplacedOutsideIsRecreated(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Someone replaces the container by hand: same name, no labels, no
-		// published port, no volume.
+		// published port, no volume. It is theirs: pgwake says so and
+		// neither starts, replaces nor removes it.
 		name := containerName(h, "drift")
 		dockerCLI(t, "rm", "-f", name)
 		// (tmpfs for its data, so no anonymous volume outlives the test)
 		dockerCLI(t, "create", "--name", name, "-e", "POSTGRES_PASSWORD=other",
 			"--mount", "type=tmpfs,destination=/var/lib/postgresql/data", h.image)
+		foreign := dockerInspect(t, name, "{{.Id}} {{.State.Status}}")
+		_, err := pgx.Connect(ctx, h.url(spec))
+		pgErr := asPgError(t, err)
+		if pgErr.Code != "08006" || !strings.Contains(pgErr.Message, name) || !strings.Contains(pgErr.Message, "not created by this pgwake") {
+			t.Fatalf("got %s %q, want 08006 naming the foreign container", pgErr.Code, pgErr.Message)
+		}
+		if got := dockerInspect(t, name, "{{.Id}} {{.State.Status}}"); got != foreign {
+			t.Fatalf("foreign container changed: %s, was %s", got, foreign)
+		}
+		// Once its owner removes it, the project comes back on its own volume.
+		dockerCLI(t, "rm", "-f", name)
 		conn := h.connect(ctx, spec)
 		wantRow(t, conn, 7, "select v from keep")
 	})
+}
+
+func dockerInspect(t testing.TB, name, format string) string {
+	t.Helper()
+	out, err := exec.Command("docker", "inspect", "--format", format, name).Output()
+	if err != nil {
+		t.Fatalf("docker inspect %s: %v", name, err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 func TestIntegrationShutdownTellsClientsTheTruth(t *testing.T) {
