@@ -16,6 +16,10 @@ func newWakeCommand(d *deps) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if p.LastWakeMS == 0 && p.FirstStartMS > 0 {
+				fmt.Fprintf(d.stderr, "%s is %s (first start, with initdb, took %s)\n", p.Name, p.State, fmtLatency(p.FirstStartMS))
+				return nil
+			}
 			fmt.Fprintf(d.stderr, "%s is %s (last wake took %s)\n", p.Name, p.State, fmtLatency(p.LastWakeMS))
 			return nil
 		},

@@ -65,7 +65,10 @@ type Project struct {
 	Ephemeral     bool      `json:"ephemeral"`
 	Backend       string    `json:"backend"`
 	RecentWakesMS []float64 `json:"recent_wakes_ms"` // oldest first
-	Events        []Event   `json:"events"`          // recent history, oldest first
+	// FirstStartMS is the project's first start (initdb), which is not a
+	// wake and stays out of the wake figures; zero if pgwake did not see it.
+	FirstStartMS float64 `json:"first_start_ms,omitempty"`
+	Events       []Event `json:"events"` // recent history, oldest first
 }
 
 // Event is one entry of a project's recent history.

@@ -59,6 +59,10 @@ type Endpoint struct {
 	// relays only to the run it started: an address can be handed to
 	// another server once this one is gone.
 	ID string
+	// First is set when this start initialises the server's data (the
+	// image's initdb on an empty volume): it is slower than any wake, and
+	// callers keep it out of their cold-start statistics.
+	First bool
 	// Serving is set when the runtime knows Postgres already serves: it
 	// resumed a server that was serving when it was paused. The proxy then
 	// skips its readiness probe (clients still peek at the first reply).

@@ -628,6 +628,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.State, out.Active, out.Pinned = string(st.State), st.Active, st.Pinned
 	out.Wakes, out.WakeFailures = st.Wakes, st.WakeFails
 	out.LastWakeMS, out.P50WakeMS, out.P95WakeMS, out.MaxWakeMS = ms(st.LastWake), ms(st.P50Wake), ms(st.P95Wake), ms(st.MaxWake)
+	out.FirstStartMS = ms(st.FirstStart)
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
 	out.Queued, out.LastActiveAt = st.Queued, st.LastActive

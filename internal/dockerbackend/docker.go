@@ -35,6 +35,9 @@ const (
 	LabelInstance = "dev.pgwake.instance"
 	LabelProject  = "dev.pgwake.project"
 	LabelSpec     = "dev.pgwake.spec"
+	// LabelNewData marks a container created together with its volume:
+	// its first start runs initdb.
+	LabelNewData = "dev.pgwake.new-data"
 )
 
 // stopTimeout is how long Docker waits for Postgres's fast shutdown (SIGINT)
@@ -326,6 +329,9 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) (string, error)
 
 	clabels := b.labels(spec)
 	clabels[LabelSpec] = specHash(spec)
+	if made {
+		clabels[LabelNewData] = "true"
+	}
 	timeout := stopTimeout
 	res, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: b.ContainerName(spec.Name),
@@ -501,12 +507,26 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpo
 	}
 	// Its log from an earlier run ends before that run finished.
 	since := ""
-	if c != nil && c.ID == id && c.State != nil {
+	neverStarted := c == nil || c.ID != id || c.State == nil
+	if !neverStarted {
+		t, err := time.Parse(time.RFC3339Nano, c.State.StartedAt)
+		neverStarted = err != nil || t.IsZero() || t.Year() < 2
 		if t, err := time.Parse(time.RFC3339Nano, c.State.FinishedAt); err == nil && !t.IsZero() {
 			since = c.State.FinishedAt
 		}
 	}
-	return b.endpointAfterStart(ctx, spec, id, since)
+	ep, err := b.endpointAfterStart(ctx, spec, id, since)
+	if err == nil && neverStarted {
+		ep.First = b.hasNewData(ctx, id)
+	}
+	return ep, err
+}
+
+// hasNewData reports whether the container was made together with its
+// volume, so that its first start runs initdb.
+func (b *Backend) hasNewData(ctx context.Context, id string) bool {
+	res, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	return err == nil && res.Container.Config != nil && res.Container.Config.Labels[LabelNewData] == "true"
 }
 
 // endpointAfterStart inspects a container just started or unpaused for its

@@ -676,6 +676,8 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 // Start with its reason.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
 	defer b.lock(spec.Name)()
+	_, statErr := os.Stat(filepath.Join(b.dataDir(spec.Name), "PG_VERSION"))
+	first := statErr != nil // this start runs initdb
 	if err := b.ensureLocked(ctx, spec); err != nil {
 		return backend.Endpoint{}, err
 	}
@@ -694,7 +696,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 	if err != nil {
 		return backend.Endpoint{}, fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, b.LogFile(spec.Name))
 	}
-	return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
+	return backend.Endpoint{Addr: pf.addr(), ID: pf.id(), First: first}, nil
 }
 
 // launch starts the project's postmaster as a child of this process, in a

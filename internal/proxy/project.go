@@ -64,6 +64,13 @@ type target struct {
 	id   string
 }
 
+// started is what a successful wake brings: where to dial, and whether it
+// was the server's first start (initdb), kept out of cold-start statistics.
+type started struct {
+	target
+	first bool
+}
+
 // wakeCall is one in-flight wake shared by every client that arrives while
 // it runs (single flight). err is written before done is closed.
 type wakeCall struct {
@@ -100,6 +107,7 @@ type project struct {
 	wakes      int
 	wakeFails  int
 	latencies  []time.Duration // recent cold starts, oldest first
+	firstStart time.Duration   // how long the first start (initdb) took, if pgwake saw it
 	events     []Event         // recent state changes, oldest first
 	removed    bool
 	closed     bool // shut down with pgwake: no wake starts any more
@@ -331,7 +339,8 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	defer cancel()
 
 	p.log.Info("waking project")
-	t, err := p.startAndWait(ctx, spec)
+	st, err := p.startAndWait(ctx, spec)
+	t := st.target
 	took := e.now().Sub(start)
 
 	p.mu.Lock()
@@ -351,10 +360,16 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 		p.wokeAt = e.now()
 		p.lastActive = p.wokeAt
 		p.wakes++
-		p.recordLocked("awake in %s", took.Round(time.Millisecond))
-		p.latencies = append(p.latencies, took)
-		if len(p.latencies) > maxLatencies {
-			p.latencies = p.latencies[1:]
+		if st.first {
+			// initdb, not a wake: it would skew every latency figure.
+			p.firstStart = took
+			p.recordLocked("first start (initdb) in %s", took.Round(time.Millisecond))
+		} else {
+			p.recordLocked("awake in %s", took.Round(time.Millisecond))
+			p.latencies = append(p.latencies, took)
+			if len(p.latencies) > maxLatencies {
+				p.latencies = p.latencies[1:]
+			}
 		}
 	}
 	p.wake = nil
@@ -374,26 +389,26 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 
 // startAndWait starts the server, waits until Postgres serves, and then
 // confirms that the server that answered is the one it started.
-func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (target, error) {
+func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (started, error) {
 	ep, err := p.be.Start(ctx, spec)
 	if err != nil {
-		return target{}, err
+		return started{}, err
 	}
 	t := target{addr: ep.Addr, id: ep.ID}
 	if ep.Serving {
 		// Resumed a server that was serving: nothing answered yet, and
 		// every client connection confirms the server anyway.
-		return t, nil
+		return started{target: t}, nil
 	}
 	if err := p.waitReady(ctx, spec, t); err != nil {
-		return target{}, err
+		return started{}, err
 	}
 	// The probe's reply proves something serves at the address; the same
 	// run still owning it afterwards proves it was this project's server.
 	if err := p.confirm(ctx, spec, t); err != nil {
-		return target{}, err
+		return started{}, err
 	}
-	return t, nil
+	return started{target: t, first: ep.First}, nil
 }
 
 // waitReady probes the server until Postgres accepts a startup packet. The
@@ -821,6 +836,7 @@ type Status struct {
 	LastActive  time.Time       `json:"last_active"`  // last connect, disconnect or wake
 	SleepsIn    time.Duration   `json:"sleeps_in"`    // zero when not counting down
 	Recent      []time.Duration `json:"recent_wakes"` // oldest first
+	FirstStart  time.Duration   `json:"first_start"`  // the first start (initdb), not in the wake figures
 	Events      []Event         `json:"events"`       // oldest first
 }
 
@@ -833,8 +849,9 @@ func (p *project) status() Status {
 		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), Image: p.cfg.Spec.Image,
 		Backend: p.be.Name(), Wakes: p.wakes, WakeFails: p.wakeFails,
 		LastError: p.lastErr, LastErrorAt: p.lastErrAt, LastActive: p.lastActive,
-		Recent: append([]time.Duration(nil), p.latencies...),
-		Events: append([]Event(nil), p.events...),
+		Recent:     append([]time.Duration(nil), p.latencies...),
+		FirstStart: p.firstStart,
+		Events:     append([]Event(nil), p.events...),
 	}
 	if now.Before(p.retryAt) {
 		st.RetryAt = p.retryAt

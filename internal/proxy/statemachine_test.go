@@ -449,3 +449,30 @@ func TestClientArrivingDuringSleepIsParkedAndWokenAgain(t *testing.T) {
 		t.Fatalf("wakes %d, starts %d; want the project woken again after the sleep", st.Wakes, be.startCount())
 	}
 }
+
+func TestFirstStartIsKeptOutOfWakeLatencies(t *testing.T) {
+	t.Parallel()
+	u := newScriptedUpstream(t)
+	be := &scriptBackend{}
+	be.start = func() (backend.Endpoint, error) {
+		be.status = backend.Status{State: backend.StateRunning, Addr: u.ln.Addr().String(), ID: fmt.Sprint(be.starts)}
+		return backend.Endpoint{Addr: u.ln.Addr().String(), ID: fmt.Sprint(be.starts), First: be.starts == 1}, nil
+	}
+	srv, _ := serveBackend(t, be, proxy.Options{})
+	if err := srv.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := srv.ProjectStatus("app")
+	if st.FirstStart <= 0 || len(st.Recent) != 0 || st.LastWake != 0 {
+		t.Fatalf("after the first start: first %v, recent %v, last %v; want it outside the wake figures", st.FirstStart, st.Recent, st.LastWake)
+	}
+	if err := srv.Sleep(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := srv.ProjectStatus("app"); len(st.Recent) != 1 || st.Wakes != 2 {
+		t.Fatalf("after a real wake: recent %v, wakes %d", st.Recent, st.Wakes)
+	}
+}
