@@ -495,10 +495,10 @@ func signalAlive(pid int) bool {
 // isPostmasterCmdline reports whether a process's NUL-separated argv is a
 // postmaster's for dataDir. The postmaster keeps the argv it was started
 // with (its children retitle themselves "postgres: checkpointer" and so
-// on): argv[0] is the postgres binary, -D the data directory. Without -D
-// (PGDATA in its environment) or with a relative one, the arguments cannot
-// tell, and the postmaster counts as this directory's: postmaster.pid's own
-// data directory line was checked.
+// on): argv[0] is the postgres binary, -D the data directory. pgwake and
+// pg_ctl always pass an absolute -D; a postgres without one (a container's,
+// with PGDATA in its environment) or with a relative one may be anybody's
+// server that was given a dead postmaster's pid, so it does not count.
 func isPostmasterCmdline(raw []byte, dataDir string) bool {
 	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 	switch filepath.Base(args[0]) {
@@ -516,7 +516,7 @@ func isPostmasterCmdline(raw []byte, dataDir string) bool {
 			d = a[2:]
 		}
 	}
-	return d == "" || !filepath.IsAbs(d) || samePath(d, dataDir)
+	return filepath.IsAbs(d) && samePath(d, dataDir)
 }
 
 // exitLogLines is how many lines of its log a server's exit reason

@@ -720,7 +720,7 @@ func (p *project) sleepNow(ctx context.Context) error {
 // A wake in progress is only nudged: its readiness loop checks at once.
 func (p *project) observe(st backend.State) {
 	p.mu.Lock()
-	spec, cur, t0 := p.cfg.Spec, p.state, p.target
+	spec, cur, t0, w0 := p.cfg.Spec, p.state, p.target, p.wakes
 	p.mu.Unlock()
 	if cur == StateWaking {
 		select {
@@ -740,10 +740,11 @@ func (p *project) observe(st backend.State) {
 	}
 	p.mu.Lock()
 	switch {
-	case p.state == StateRunning && p.target == t0 &&
+	case p.state == StateRunning && p.target == t0 && p.wakes == w0 &&
 		(status.State != backend.StateRunning || (t0.id != "" && status.ID != t0.id)):
-		// Only the run seen before the check is marked down: a newer one
-		// (a sleep and a wake happened meanwhile) is not this event's.
+		// Only the run seen before the check is marked down: after a sleep
+		// and a wake meanwhile (a pause and unpause keep the run's ID, so
+		// the wake count tells) the status may be of the sleep.
 		p.state, p.target = StateSleeping, target{}
 		if status.Exit != "" {
 			p.lastErr, p.lastErrAt = "server "+string(status.State)+" outside pgwake ("+status.Exit+")", p.env.now()
