@@ -83,10 +83,10 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 
-	p, dbname, rewrite := c.route(startup)
+	p, key := c.route(startup)
 	if p == nil {
-		s.refuse(c.conn, dbname, pgwire.CodeInvalidCatalogName,
-			fmt.Sprintf("project %q does not exist", dbname), s.knownProjectsHint())
+		s.refuse(c.conn, key, pgwire.CodeInvalidCatalogName,
+			fmt.Sprintf("project %q does not exist", key), s.knownProjectsHint())
 		return
 	}
 	name := p.name
@@ -112,10 +112,6 @@ func (c *clientConn) serve(ctx context.Context) {
 	}
 	defer p.release()
 
-	spec := p.spec()
-	if rewrite {
-		startup.Parameters["database"] = spec.Database
-	}
 	packet, err := pgwire.EncodeStartup(startup)
 	if err != nil {
 		s.refuse(c.conn, name, pgwire.CodeProtocolViolation, "invalid startup packet: "+err.Error(), "")
@@ -193,29 +189,73 @@ func (c *clientConn) watchHangup(ctx context.Context) (context.Context, func() [
 	}
 }
 
-// route picks the project for a startup message: the listener's own
-// project (port routing), else the database name, else the TLS server name
-// (SNI, "myapp.localhost" -> myapp). rewrite says whether the database
-// name is the routing key, to be replaced by the project's real database.
-func (c *clientConn) route(m *pgproto3.StartupMessage) (p *project, name string, rewrite bool) {
+// route picks the project for a startup message and rewrites the
+// message's routing key, so the server sees what it would have seen from a
+// direct connection:
+//   - on a project's own port (port routing) every client reaches that
+//     project and the database name passes through untouched;
+//   - a user name USER.PROJECT (the multi-tenant pooler convention)
+//     reaches PROJECT as USER, the database passed through;
+//   - a database name that names a project reaches it, rewritten to the
+//     project's real database;
+//   - the TLS server name (SNI, "myapp.localhost" -> myapp), database
+//     passed through.
+//
+// key is what the client asked for, for the 3D000 message when p is nil.
+func (c *clientConn) route(m *pgproto3.StartupMessage) (p *project, key string) {
 	s := c.srv
-	db := m.Parameters["database"]
-	if db == "" {
-		db = m.Parameters["user"] // libpq's default, as Postgres does
-	}
+	params := m.Parameters
+	user, db := params["user"], params["database"]
 	if c.fixed != "" {
-		p = s.project(c.fixed)
-		return p, c.fixed, db == c.fixed
+		// USER.PROJECT names this project too; strip it, as the shared
+		// port does, so one user name works on both.
+		if u, proj, ok := splitUserProject(user); ok && proj == c.fixed {
+			setUser(params, user, u)
+		}
+		return s.project(c.fixed), c.fixed
+	}
+	if db == "" {
+		db = user // libpq's default, as Postgres does
+	}
+	key = db
+	if u, proj, ok := splitUserProject(user); ok {
+		if p = s.project(proj); p != nil {
+			setUser(params, user, u)
+			return p, proj
+		}
+		key = proj
 	}
 	if p = s.project(db); p != nil {
-		return p, db, true
+		params["database"] = p.spec().Database
+		return p, db
 	}
 	if label, _, _ := strings.Cut(c.serverName, "."); label != "" {
 		if p = s.project(label); p != nil {
-			return p, label, false
+			return p, label
 		}
 	}
-	return nil, db, false
+	return nil, key
+}
+
+// splitUserProject splits "USER.PROJECT" at its last dot: project names
+// have no dots, user names may.
+func splitUserProject(user string) (u, project string, ok bool) {
+	i := strings.LastIndexByte(user, '.')
+	if i <= 0 || i == len(user)-1 {
+		return "", "", false
+	}
+	return user[:i], user[i+1:], true
+}
+
+// setUser replaces the routed user name with the real one. A database
+// name left to default to the user name (absent, or sent as libpq sends
+// it: the full user name) defaults to the real user, as it would on a
+// direct connection.
+func setUser(params map[string]string, routed, real string) {
+	params["user"] = real
+	if db := params["database"]; db == "" || db == routed {
+		params["database"] = real
+	}
 }
 
 // readStartup reads first packets until a StartupMessage. It answers

@@ -207,6 +207,62 @@ func TestIntegrationPortRouting(t *testing.T) {
 	})
 }
 
+// TestIntegrationUserRouting: on the shared port, USER.PROJECT as the user
+// name reaches PROJECT as USER, with SCRAM against the real server (it
+// reads the user from the replayed startup packet) and the database name
+// passed through, so a client can reach every database of the server.
+func TestIntegrationUserRouting(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("users", backend.SleepStop, 0)
+		ctx := t.Context()
+		admin := h.connect(ctx, spec)
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "create database test_users"); err != nil {
+			t.Fatal(err)
+		}
+
+		for _, tc := range []struct{ name, db, want string }{
+			{"another database", "test_users", "test_users"},
+			{"the default database", "postgres", "postgres"},
+			{"no database: defaults to the real user", "", "postgres"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				u := url.URL{
+					Scheme: "postgres", User: url.UserPassword(spec.User+"."+spec.Name, spec.Password),
+					Host: h.addr, Path: "/" + tc.db, RawQuery: "sslmode=disable&connect_timeout=90",
+				}
+				cfg, err := pgx.ParseConfig(u.String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.db == "" {
+					cfg.Database = "" // not sent: the server picks the default
+				}
+				conn, err := pgx.ConnectConfig(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close(ctx)
+				var user, db string
+				if err := conn.QueryRow(ctx, "select current_user, current_database()").Scan(&user, &db); err != nil {
+					t.Fatal(err)
+				}
+				if user != spec.User || db != tc.want {
+					t.Fatalf("user %q database %q, want %q %q", user, db, spec.User, tc.want)
+				}
+			})
+		}
+
+		// A wrong password is the server's refusal, as on a direct connect.
+		u := "postgres://" + spec.User + "." + spec.Name + ":wrong@" + h.addr + "/postgres?sslmode=disable"
+		_, err := pgx.Connect(ctx, u)
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "28P01" {
+			t.Fatalf("wrong password: %v, want 28P01", err)
+		}
+	})
+}
+
 func TestIntegrationCancel(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, k kit) {
 		h := newHarness(t, k, harnessOptions{})

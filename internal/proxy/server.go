@@ -1,5 +1,6 @@
 // Package proxy is pgwake's Postgres wire-protocol proxy: it reads a
-// client's first packets, routes by database name to a project, wakes the
+// client's first packets, routes it to a project (by port, USER.PROJECT user
+// name, database name or TLS server name), wakes the
 // project's server once however many clients arrive, replays the startup
 // packet once Postgres really serves, and then pipes bytes.
 //
