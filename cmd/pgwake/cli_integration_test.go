@@ -115,7 +115,8 @@ func newHarness(t *testing.T) *cliHarness {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "PGWAKE_STATE_DIR="+dir, "PGWAKE_IMAGE="+image, "PGWAKE_LOG_LEVEL=debug", "PSQLRC=/dev/null")
+	env = append(env, "PGWAKE_STATE_DIR="+dir, "PGWAKE_IMAGE="+image, "PGWAKE_LOG_LEVEL=debug", "PSQLRC=/dev/null",
+		"PGWAKE_PORT_RANGE="+testenv.PortRange(t))
 	// These tests inspect Docker containers: where pgwake can choose its
 	// backend, make sure it does not pick another one.
 	for _, k := range config.Keys() {
@@ -451,15 +452,22 @@ func TestIntegrationRestart(t *testing.T) {
 
 	created := h.ok(t, "create", "app")
 	url := h.ok(t, "url", "app")
-	if created != url || !strings.HasPrefix(url, "postgres://") || strings.Count(url, "\n") != 1 {
-		t.Errorf("create printed %q and url %q; want the same one-line postgres:// URL", created, url)
+	if !strings.HasPrefix(url, "postgres://") || strings.Count(url, "\n") != 1 {
+		t.Errorf("url %q, want a one-line postgres:// URL", url)
+	}
+	// create prints the same URL without its password (CI logs).
+	pw := h.mustProject(t, "app")
+	if bare := strings.Replace(url, ":"+passwordOf(t, pw.URL)+"@", "@", 1); created != bare {
+		t.Errorf("create printed %q, want %q", created, bare)
 	}
 	_, port, _ := net.SplitHostPort(info.Listen)
-	if !strings.Contains(url, "@127.0.0.1:"+port+"/app?") {
-		t.Errorf("url %q does not point at the proxy %s and database app", url, info.Listen)
-	}
 	if _, err := strconv.Atoi(port); err != nil || port == "0" {
 		t.Errorf("daemon port %q is not a real port", port)
+	}
+	// The project's own port: every database of its server is reachable.
+	own := h.mustProject(t, "app").Port
+	if own == 0 || !strings.Contains(url, "@127.0.0.1:"+strconv.Itoa(own)+"/app?") {
+		t.Errorf("url %q does not point at the project's own port %d and database app", url, own)
 	}
 
 	h.writeNote(t, "app", "written before down")

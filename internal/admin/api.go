@@ -38,27 +38,35 @@ type BackendInfo struct {
 
 // Project is one project as the API shows it. Durations are milliseconds.
 type Project struct {
-	Name          string    `json:"name"`
-	State         string    `json:"state"`
-	Active        int       `json:"active"` // open connections, queued ones included
-	Queued        int       `json:"queued"` // parked, waiting for a wake
-	Pinned        bool      `json:"pinned"`
-	Image         string    `json:"image"`
-	SleepAfterMS  int64     `json:"sleep_after_ms"`
-	SleepMode     string    `json:"sleep_mode"`
-	Wakes         int       `json:"wakes"`
-	WakeFailures  int       `json:"wake_failures"`
-	LastWakeMS    float64   `json:"last_wake_ms"`
-	P50WakeMS     float64   `json:"p50_wake_ms"`
-	P95WakeMS     float64   `json:"p95_wake_ms"`
-	MaxWakeMS     float64   `json:"max_wake_ms"`
-	LastError     string    `json:"last_error,omitempty"`
-	LastErrorAt   time.Time `json:"last_error_at,omitzero"`
-	RetryAt       time.Time `json:"retry_at,omitzero"`
-	IdleMS        int64     `json:"idle_ms"`
-	LastActiveAt  time.Time `json:"last_active_at"` // last connect, disconnect or wake
-	SleepsInMS    int64     `json:"sleeps_in_ms"`
-	URL           string    `json:"url"`
+	Name         string    `json:"name"`
+	State        string    `json:"state"`
+	Active       int       `json:"active"` // open connections, queued ones included
+	Queued       int       `json:"queued"` // parked, waiting for a wake
+	Pinned       bool      `json:"pinned"`
+	Image        string    `json:"image"`
+	SleepAfterMS int64     `json:"sleep_after_ms"`
+	SleepMode    string    `json:"sleep_mode"`
+	Wakes        int       `json:"wakes"`
+	WakeFailures int       `json:"wake_failures"`
+	LastWakeMS   float64   `json:"last_wake_ms"`
+	P50WakeMS    float64   `json:"p50_wake_ms"`
+	P95WakeMS    float64   `json:"p95_wake_ms"`
+	MaxWakeMS    float64   `json:"max_wake_ms"`
+	LastError    string    `json:"last_error,omitempty"`
+	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
+	RetryAt      time.Time `json:"retry_at,omitzero"`
+	IdleMS       int64     `json:"idle_ms"`
+	LastActiveAt time.Time `json:"last_active_at"` // last connect, disconnect or wake
+	SleepsInMS   int64     `json:"sleeps_in_ms"`
+	// URL is the project's own port when it has one open (every database
+	// reachable, the name passed through), else the shared port with the
+	// user name USER.PROJECT. SharedURL is always the shared port's.
+	URL       string `json:"url"`
+	SharedURL string `json:"shared_url"`
+	// Port is the project's own port; PortError says why it is not open
+	// (taken by another program), in which case URL is the shared one.
+	Port          int       `json:"port,omitempty"`
+	PortError     string    `json:"port_error,omitempty"`
 	User          string    `json:"user"`
 	Database      string    `json:"database"`
 	CreatedAt     time.Time `json:"created_at"`
@@ -91,7 +99,8 @@ type CreateRequest struct {
 	SleepAfter string `json:"sleep_after,omitempty"` // a Go duration, "0" never sleeps
 	SleepMode  string `json:"sleep_mode,omitempty"`
 	Ephemeral  *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
-	Port       int    `json:"port,omitempty"`      // a listen port of its own
+	Port       int    `json:"port,omitempty"`      // its own listen port; 0 picks one from port_range
+	NoPort     bool   `json:"no_port,omitempty"`   // no port of its own: the shared port only
 	// PortOutsideRange allows a Port below 1024 or outside the daemon's
 	// port_range.
 	PortOutsideRange bool `json:"port_outside_range,omitempty"`

@@ -11,12 +11,10 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,7 +58,8 @@ type Daemon struct {
 	stopServing context.CancelFunc
 	portMu      sync.Mutex
 	portLns     map[string]net.Listener
-	accepting   bool // Serve runs: a new project port is served at once
+	portErrs    map[string]string // why a project's own port could not be opened
+	accepting   bool              // Serve runs: a new project port is served at once
 
 	hs        *http.Server // admin API on the unix socket
 	ths       *http.Server // and on TCP (admin_listen), or nil
@@ -222,17 +221,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	}
 	d.cleanups = append(d.cleanups, func() { d.ln.Close() })
 	d.cleanups = append(d.cleanups, d.closeProjectPorts)
-	for _, p := range d.store.Projects() {
-		if p.Port == 0 {
-			continue
-		}
-		// A busy port costs the project its own port, not the daemon.
-		if ln, err := d.listenPort(p); err != nil {
-			log.Error("project port", "project", p.Name, "err", err)
-		} else {
-			d.addProjectPort(p.Name, ln)
-		}
-	}
+	d.openProjectPorts()
 	if err := d.serveAdmin(); err != nil {
 		return nil, err
 	}
@@ -497,53 +486,6 @@ func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	}
 }
 
-// listenPort opens a project's dedicated port (port routing), on the
-// proxy's listen host.
-func (d *Daemon) listenPort(p state.Project) (net.Listener, error) {
-	host, _, _ := net.SplitHostPort(d.cfg.Listen)
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p.Port)))
-	if err != nil {
-		return nil, fmt.Errorf("listen on port %d for project %q: %w", p.Port, p.Name, err)
-	}
-	return ln, nil
-}
-
-// addProjectPort records a project's listener and, once Serve runs,
-// accepts on it.
-func (d *Daemon) addProjectPort(name string, ln net.Listener) {
-	d.portMu.Lock()
-	if d.portLns == nil {
-		d.portLns = map[string]net.Listener{}
-	}
-	d.portLns[name] = ln
-	accepting := d.accepting
-	d.portMu.Unlock()
-	if accepting {
-		go d.srv.ServeProject(d.serveCtx, ln, name)
-	}
-	d.log.Info("project port", "project", name, "listen", ln.Addr().String())
-}
-
-func (d *Daemon) closeProjectPort(name string) {
-	d.portMu.Lock()
-	ln := d.portLns[name]
-	delete(d.portLns, name)
-	d.portMu.Unlock()
-	if ln != nil {
-		ln.Close()
-	}
-}
-
-func (d *Daemon) closeProjectPorts() {
-	d.portMu.Lock()
-	lns := d.portLns
-	d.portLns = nil
-	d.portMu.Unlock()
-	for _, ln := range lns {
-		ln.Close()
-	}
-}
-
 // handler is the admin API plus /metrics.
 func (d *Daemon) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -588,38 +530,13 @@ func (d *Daemon) Info() admin.Info {
 	}
 }
 
-// URL is a connection string for a project through the proxy.
-func (d *Daemon) URL(p state.Project) string {
-	host, port, _ := net.SplitHostPort(d.ln.Addr().String())
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	if p.Port != 0 {
-		port = strconv.Itoa(p.Port)
-	}
-	q := url.Values{"sslmode": {"disable"}}
-	switch {
-	case d.tls != nil && d.cfg.TLS.Cert == "":
-		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {certs.CAPath(d.cfg.StateDir)}}
-	case d.tls != nil:
-		q = url.Values{"sslmode": {"require"}}
-	}
-	u := url.URL{
-		Scheme:   "postgres",
-		User:     url.UserPassword(p.User, p.Password),
-		Host:     net.JoinHostPort(host, port),
-		Path:     "/" + p.Name,
-		RawQuery: q.Encode(),
-	}
-	return u.String()
-}
-
 func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out := admin.Project{
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
-		Pinned: p.Pinned, URL: d.URL(p), User: p.User, Database: p.Database, CreatedAt: p.CreatedAt,
-		State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
+		Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
+		CreatedAt: p.CreatedAt, State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
 	}
+	out.Port, out.PortError = d.portOf(p)
 	st, err := d.srv.ProjectStatus(p.Name)
 	if err != nil {
 		return out
@@ -698,6 +615,12 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if err := d.checkPort(req.Port, req.PortOutsideRange); err != nil {
 		return admin.Project{}, admin.Invalid(err)
 	}
+	if req.NoPort {
+		if req.Port != 0 {
+			return admin.Project{}, admin.Invalid(errors.New("--port and --no-port exclude each other"))
+		}
+		p.NoPort = true
+	}
 	if req.Ephemeral != nil {
 		p.Ephemeral = *req.Ephemeral
 	}
@@ -723,12 +646,9 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if _, err := d.store.Get(p.Name); err == nil {
 		return admin.Project{}, admin.Conflict(fmt.Errorf("%w: %q", state.ErrExists, p.Name))
 	}
-	var ln net.Listener
-	if p.Port != 0 {
-		var err error
-		if ln, err = d.listenPort(p); err != nil {
-			return admin.Project{}, admin.Conflict(err)
-		}
+	ln, err := d.claimPort(&p)
+	if err != nil {
+		return admin.Project{}, admin.Conflict(err)
 	}
 
 	p, reused, err := d.store.Add(p)
@@ -780,24 +700,6 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	return d.apiProject(p), nil
 }
 
-// checkPort refuses a project port below 1024 or outside port_range,
-// unless the request asks for it.
-func (d *Daemon) checkPort(port int, outsideRange bool) error {
-	if port < 0 || port > 65535 {
-		return fmt.Errorf("port %d is out of range", port)
-	}
-	if port == 0 || outsideRange {
-		return nil
-	}
-	if port < config.MinPortRange {
-		return fmt.Errorf("port %d is a system port (below %d); pass --port-outside-range to use it anyway", port, config.MinPortRange)
-	}
-	if low, high, err := d.cfg.Ports(); err == nil && (port < low || port > high) {
-		return fmt.Errorf("port %d is outside port_range %d-%d; pass --port-outside-range to use it anyway, or change port_range", port, low, high)
-	}
-	return nil
-}
-
 // Remove implements admin.Service.
 func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	p, err := d.store.Get(name)
@@ -812,11 +714,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err := d.backendOf(p).Remove(ctx, spec(p), volumes); err != nil {
 		// Put it back so the user can retry; the data is untouched.
 		_ = d.srv.AddProject(ctx, d.proxyProject(p))
-		if p.Port != 0 {
-			if ln, lerr := d.listenPort(p); lerr == nil {
-				d.addProjectPort(p.Name, ln)
-			}
-		}
+		d.openProjectPort(p)
 		return apiErr(err)
 	}
 	if err := d.store.Remove(name, !volumes); err != nil {

@@ -30,6 +30,7 @@ func runDaemon(t *testing.T, mutate func(*config.Config)) (*admin.Client, string
 		t.Fatal(err)
 	}
 	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
 	cfg.StateDir = dir
 	cfg.Image = image
 	cfg.Listen = "127.0.0.1:0"
@@ -183,7 +184,8 @@ func TestIntegrationAPIAndMetricsAgree(t *testing.T) {
 		}
 	}
 	// A refused connection is counted by SQLSTATE.
-	if _, err := pgx.Connect(ctx, strings.Replace(p.URL, "/obs?", "/nosuch?", 1)); err == nil {
+	unknown := strings.NewReplacer("postgres.obs:", "postgres.nosuch:", "/obs?", "/nosuch?").Replace(p.SharedURL)
+	if _, err := pgx.Connect(ctx, unknown); err == nil {
 		t.Fatal("connect to an unknown project succeeded")
 	}
 
@@ -251,6 +253,7 @@ func TestIntegrationReadyzNeverWakes(t *testing.T) {
 
 func TestIntegrationAdminTokenBeyondLoopback(t *testing.T) {
 	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
 	cfg.AdminListen = "0.0.0.0:9999"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "admin_token") {
 		t.Fatalf("validate without token: %v, want an error naming admin_token", err)

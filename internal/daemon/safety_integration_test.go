@@ -96,6 +96,7 @@ func TestIntegrationNoSilentBackendSwitch(t *testing.T) {
 		os.RemoveAll(dir)
 	})
 	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
 	cfg.StateDir = dir
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Backend = "auto"
@@ -203,6 +204,7 @@ func TestIntegrationConnectDuringDrainGets57P01(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
 	cfg.StateDir = dir
 	cfg.Image = image
 	cfg.Listen = "127.0.0.1:0"
@@ -285,6 +287,7 @@ func TestIntegrationBackendReconnects(t *testing.T) {
 	writeState(t, dir, instance, image, map[string]string{"dock": "docker", "loc": "local"})
 	sock := filepath.Join(t.TempDir(), "late-docker.sock")
 	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
 	cfg.StateDir = dir
 	cfg.Listen = "127.0.0.1:0"
 	cfg.DockerHost = "unix://" + sock

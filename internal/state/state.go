@@ -28,8 +28,12 @@ type Project struct {
 	Pinned     bool          `json:"pinned,omitempty"`
 	// Ephemeral projects are removed, data and all, when pgwake goes down.
 	Ephemeral bool `json:"ephemeral,omitempty"`
-	// Port, if set, is a listen port of the project's own (port routing).
-	Port int `json:"port,omitempty"`
+	// Port is the project's own listen port (port routing): every
+	// database of its server is reachable there. Zero only in state files
+	// written before every project had one, until the daemon assigns one,
+	// or with NoPort: the project is reached on the shared port alone.
+	Port   int  `json:"port,omitempty"`
+	NoPort bool `json:"no_port,omitempty"`
 	// Backend is the runtime the project's server and data live on
 	// ("docker", "local"). It never changes: a project is served from
 	// there or not at all. Empty only in state files written before it

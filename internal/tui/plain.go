@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // CI. `pgwake ls` and `pgwake status --once` print this.
 func WriteTable(w io.Writer, ps []admin.Project) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tCONNS\tQUEUED\tWAKES\tLAST WAKE\tP95 WAKE\tSLEEPS IN\tBACKEND\tIMAGE")
+	fmt.Fprintln(tw, "NAME\tSTATE\tPORT\tCONNS\tQUEUED\tWAKES\tLAST WAKE\tP95 WAKE\tSLEEPS IN\tBACKEND\tIMAGE")
 	for _, p := range ps {
 		state := p.State
 		if p.Pinned {
@@ -32,10 +33,23 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if be == "" {
 			be = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, p.Active, p.Queued, p.Wakes,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, FormatPort(p), p.Active, p.Queued, p.Wakes,
 			FormatLatency(p.LastWakeMS), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
 	}
 	return tw.Flush()
+}
+
+// FormatPort is the project's own port, "busy" after it when another
+// program holds it (the project is then reached on the shared port), "-"
+// for none.
+func FormatPort(p admin.Project) string {
+	switch {
+	case p.Port == 0:
+		return "-"
+	case p.PortError != "":
+		return strconv.Itoa(p.Port) + " (busy)"
+	}
+	return strconv.Itoa(p.Port)
 }
 
 // WriteJSON prints projects as an indented JSON array of admin.Project.

@@ -13,6 +13,8 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/x/ansi"
+
+	"github.com/pgwake/pgwake/internal/admin"
 )
 
 // Column widths, without the table's one-space padding either side.
@@ -320,6 +322,7 @@ func (m Model) projectLines(e entry) []string {
 	lines := []string{
 		strings.Join(meta, " · "),
 		label("url") + m.connString(p.URL),
+		label("port") + m.portLine(p),
 		label("image") + p.Image + m.styles.faint.Render(" on "+p.Backend),
 	}
 
@@ -370,6 +373,19 @@ func (m Model) projectLines(e entry) []string {
 		}
 	}
 	return lines
+}
+
+// portLine says where the project is reached: its own port (every
+// database) and the shared one (as USER.PROJECT).
+func (m Model) portLine(p admin.Project) string {
+	shared := "shared port as " + p.User + "." + p.Name
+	switch {
+	case p.Port == 0:
+		return shared
+	case p.PortError != "":
+		return m.styles.errText.Render(strconv.Itoa(p.Port)+" busy") + m.styles.faint.Render(" · "+shared)
+	}
+	return strconv.Itoa(p.Port) + m.styles.faint.Render(" · every database · or "+shared)
 }
 
 // connString is the project's URL with its password hidden unless shown
