@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/proxy"
+	"github.com/pgwake/pgwake/internal/state"
 )
 
 // EnvPrefix starts every environment variable pgwake reads.
@@ -67,7 +69,18 @@ type Config struct {
 	// Projects declares projects that `pgwake up` creates when missing. It
 	// is a list, so it lives in pgwake.yaml only (no variable or flag).
 	Projects []ProjectConfig `yaml:"projects" key:"-"`
+
+	// sources says where Load found each key that is not at its default:
+	// "--flag", "PGWAKE_KEY" or "FILE line N"; "projects" too.
+	sources map[string]string `key:"-"`
 }
+
+// Source is where key's value came from ("--listen", "PGWAKE_LISTEN",
+// "pgwake.yaml line 3"), or "" for a built-in default.
+func (c *Config) Source(key string) string { return c.sources[key] }
+
+// Sources lists every key Load found set, with where (see Source).
+func (c *Config) Sources() map[string]string { return maps.Clone(c.sources) }
 
 // TLSConfig is the tls section: client-side TLS of the proxy.
 type TLSConfig struct {
@@ -264,6 +277,7 @@ type Sources struct {
 // Load resolves the effective configuration: flags > env > file > defaults.
 func Load(src Sources) (Config, error) {
 	cfg := Default()
+	cfg.sources = map[string]string{}
 	env := map[string]string{}
 	for _, kv := range src.Environ {
 		k, v, _ := strings.Cut(kv, "=")
@@ -283,7 +297,7 @@ func Load(src Sources) (Config, error) {
 	data, err := os.ReadFile(file)
 	switch {
 	case err == nil:
-		if err := decodeYAML(data, &cfg); err != nil {
+		if err := decodeYAML(data, &cfg, file); err != nil {
 			return Config{}, fmt.Errorf("config file %s: %w", file, err)
 		}
 	case explicit || !errors.Is(err, os.ErrNotExist):
@@ -310,6 +324,7 @@ func Load(src Sources) (Config, error) {
 		if err := cfg.Set(k.Name, env[name]); err != nil {
 			return Config{}, fmt.Errorf("%s: %w", name, err)
 		}
+		cfg.sources[k.Name] = name
 	}
 
 	if src.Flags != nil {
@@ -323,12 +338,52 @@ func Load(src Sources) (Config, error) {
 			if err := cfg.Set(k.Name, f.Value.String()); err != nil {
 				return Config{}, fmt.Errorf("--%s: %w", k.Flag, err)
 			}
+			cfg.sources[k.Name] = "--" + k.Flag
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return Config{}, cfg.named(err)
 	}
 	return cfg, nil
+}
+
+// fieldError is a Validate error about some keys, so that Load can say
+// where their values came from.
+type fieldError struct {
+	keys []string
+	err  error
+}
+
+func (e *fieldError) Error() string { return e.err.Error() }
+func (e *fieldError) Unwrap() error { return e.err }
+
+func field(err error, keys ...string) error { return &fieldError{keys: keys, err: err} }
+
+// named adds to each of Validate's errors where its keys were set.
+func (c *Config) named(err error) error {
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var fe *fieldError
+		if errors.As(e, &fe) {
+			var from []string
+			for _, k := range fe.keys {
+				if src := c.sources[k]; src != "" {
+					from = append(from, src)
+				}
+			}
+			if len(from) > 0 {
+				e = fmt.Errorf("%s: %w", strings.Join(from, ", "), e)
+			}
+		}
+		out = append(out, e)
+	}
+	return errors.Join(out...)
 }
 
 func knownEnv() string {
@@ -342,7 +397,7 @@ func knownEnv() string {
 // decodeYAML decodes strictly: an unknown key is an error. Scalars go
 // through Config.Set, so a value means the same in pgwake.yaml as in its
 // variable or flag ("0" is a duration everywhere).
-func decodeYAML(data []byte, cfg *Config) error {
+func decodeYAML(data []byte, cfg *Config, file string) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return err
@@ -354,10 +409,10 @@ func decodeYAML(data []byte, cfg *Config) error {
 	if doc.Kind != yaml.MappingNode {
 		return fmt.Errorf("line %d: expected key: value pairs", doc.Line)
 	}
-	return decodeMapping(doc, "", cfg)
+	return decodeMapping(doc, "", cfg, file)
 }
 
-func decodeMapping(n *yaml.Node, prefix string, cfg *Config) error {
+func decodeMapping(n *yaml.Node, prefix string, cfg *Config, file string) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		name := prefix + k.Value
@@ -368,19 +423,27 @@ func decodeMapping(n *yaml.Node, prefix string, cfg *Config) error {
 				return err
 			}
 			cfg.Projects = ps
+			cfg.setSource(name, file, k.Line)
 		case v.Kind == yaml.MappingNode && isSection(name):
-			if err := decodeMapping(v, name+".", cfg); err != nil {
+			if err := decodeMapping(v, name+".", cfg, file); err != nil {
 				return err
 			}
 		case v.Kind == yaml.ScalarNode:
 			if err := cfg.Set(name, v.Value); err != nil {
 				return fmt.Errorf("line %d: %w", k.Line, err)
 			}
+			cfg.setSource(name, file, k.Line)
 		default:
 			return fmt.Errorf("line %d: unknown config key %q", k.Line, name)
 		}
 	}
 	return nil
+}
+
+func (c *Config) setSource(key, file string, line int) {
+	if c.sources != nil {
+		c.sources[key] = fmt.Sprintf("%s line %d", file, line)
+	}
 }
 
 // isSection reports whether name is a nested section (tls).
@@ -440,49 +503,49 @@ func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
 func (c *Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		errs = append(errs, fmt.Errorf("listen: %q is not host:port", c.Listen))
+		errs = append(errs, field(fmt.Errorf("listen: %q is not host:port", c.Listen), "listen"))
 	}
 	switch c.TLS.Mode {
 	case "on", "off", "auto":
 	default:
-		errs = append(errs, fmt.Errorf("tls.mode: %q is not on, off or auto", c.TLS.Mode))
+		errs = append(errs, field(fmt.Errorf("tls.mode: %q is not on, off or auto", c.TLS.Mode), "tls.mode"))
 	}
 	switch c.TLS.Upstream {
 	case "off", "require":
 	default:
-		errs = append(errs, fmt.Errorf("tls.upstream: %q is not off or require", c.TLS.Upstream))
+		errs = append(errs, field(fmt.Errorf("tls.upstream: %q is not off or require", c.TLS.Upstream), "tls.upstream"))
 	}
 	if c.TLS.UpstreamCA != "" && c.TLS.Upstream != "require" {
-		errs = append(errs, errors.New("tls.upstream_ca goes with tls.upstream: require"))
+		errs = append(errs, field(errors.New("tls.upstream_ca goes with tls.upstream: require"), "tls.upstream_ca", "tls.upstream"))
 	}
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		errs = append(errs, errors.New("tls.cert and tls.key go together: set both or neither"))
+		errs = append(errs, field(errors.New("tls.cert and tls.key go together: set both or neither"), "tls.cert", "tls.key"))
 	}
 	if c.AdminListen != "" {
 		host, _, err := net.SplitHostPort(c.AdminListen)
 		ip := net.ParseIP(host)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("admin_listen: %q is not host:port", c.AdminListen))
+			errs = append(errs, field(fmt.Errorf("admin_listen: %q is not host:port", c.AdminListen), "admin_listen"))
 		case c.AdminToken == "" && !(host == "localhost" || (ip != nil && ip.IsLoopback())):
-			errs = append(errs, fmt.Errorf("admin_listen %s is reachable from other machines: set admin_token", c.AdminListen))
+			errs = append(errs, field(fmt.Errorf("admin_listen %s is reachable from other machines: set admin_token", c.AdminListen), "admin_listen"))
 		}
 	}
 	if c.StateDir == "" {
-		errs = append(errs, errors.New("state_dir must be set"))
+		errs = append(errs, field(errors.New("state_dir must be set"), "state_dir"))
 	}
 	switch c.Backend {
 	case "auto", "docker", "local":
 	case "kubernetes":
-		errs = append(errs, errors.New("backend: kubernetes is not supported yet; use auto, docker or local"))
+		errs = append(errs, field(errors.New("backend: kubernetes is not supported yet; use auto, docker or local"), "backend"))
 	default:
-		errs = append(errs, fmt.Errorf("backend: %q is not auto, docker or local", c.Backend))
+		errs = append(errs, field(fmt.Errorf("backend: %q is not auto, docker or local", c.Backend), "backend"))
 	}
 	if c.Image == "" {
-		errs = append(errs, errors.New("image must be set"))
+		errs = append(errs, field(errors.New("image must be set"), "image"))
 	}
 	if _, err := backend.ParseSleepMode(c.SleepMode); err != nil {
-		errs = append(errs, fmt.Errorf("sleep_mode: %w", err))
+		errs = append(errs, field(fmt.Errorf("sleep_mode: %w", err), "sleep_mode"))
 	}
 	for _, d := range []struct {
 		name string
@@ -492,44 +555,49 @@ func (c *Config) Validate() error {
 		{"startup_timeout", c.StartupTimeout}, {"shutdown_timeout", c.ShutdownTimeout},
 	} {
 		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("%s must not be negative", d.name))
+			errs = append(errs, field(fmt.Errorf("%s must not be negative", d.name), d.name))
 		}
 	}
 	if c.WakeTimeout == 0 || c.StartupTimeout == 0 {
-		errs = append(errs, errors.New("wake_timeout and startup_timeout must be positive"))
+		errs = append(errs, field(errors.New("wake_timeout and startup_timeout must be positive"), "wake_timeout", "startup_timeout"))
 	}
 	if c.MaxConnections < 1 || c.MaxProjectConnections < 1 {
-		errs = append(errs, errors.New("max_connections and max_project_connections must be at least 1"))
+		errs = append(errs, field(errors.New("max_connections and max_project_connections must be at least 1"), "max_connections", "max_project_connections"))
 	}
 	if c.MaxStartupConnections < 1 {
-		errs = append(errs, errors.New("max_startup_connections must be at least 1"))
+		errs = append(errs, field(errors.New("max_startup_connections must be at least 1"), "max_startup_connections"))
 	}
 	if _, _, err := c.Ports(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, field(err, "port_range"))
 	}
 	seen := map[string]bool{}
 	for i, p := range c.Projects {
 		switch {
 		case p.Name == "":
-			errs = append(errs, fmt.Errorf("projects[%d]: name is required", i))
+			errs = append(errs, field(fmt.Errorf("projects[%d]: name is required", i), "projects"))
 		case seen[p.Name]:
-			errs = append(errs, fmt.Errorf("projects: %q is declared twice", p.Name))
+			errs = append(errs, field(fmt.Errorf("projects: %q is declared twice", p.Name), "projects"))
 		}
 		seen[p.Name] = true
+		if p.Name != "" {
+			if err := state.ValidateName(p.Name); err != nil {
+				errs = append(errs, field(fmt.Errorf("projects[%d]: %w", i, err), "projects"))
+			}
+		}
 		if p.SleepMode != "" {
 			if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
-				errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_mode: %w", i, p.Name, err))
+				errs = append(errs, field(fmt.Errorf("projects[%d] (%s): sleep_mode: %w", i, p.Name, err), "projects"))
 			}
 		}
 		if p.SleepAfter != nil && *p.SleepAfter < 0 {
-			errs = append(errs, fmt.Errorf("projects[%d] (%s): sleep_after must not be negative", i, p.Name))
+			errs = append(errs, field(fmt.Errorf("projects[%d] (%s): sleep_after must not be negative", i, p.Name), "projects"))
 		}
 	}
 	if _, err := c.SlogLevel(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, field(err, "log_level"))
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("log_format: %q is not text or json", c.LogFormat))
+		errs = append(errs, field(fmt.Errorf("log_format: %q is not text or json", c.LogFormat), "log_format"))
 	}
 	return errors.Join(errs...)
 }

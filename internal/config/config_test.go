@@ -686,3 +686,45 @@ func TestLogAttrsHideTheAdminToken(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorsNameTheirSource: a value that parses but makes no sense is
+// reported with where it was set: the file and line, the variable or the
+// flag, so the user knows what to change.
+func TestErrorsNameTheirSource(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "pgwake.yaml")
+	if err := os.WriteFile(file, []byte("image: x\nport_range: 10-20\nprojects:\n  - name: Bad_Name\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want []string
+	}{
+		{name: "file", want: []string{file + " line 2: port_range:", file + " line 3: projects[0]: invalid project name"}},
+		{name: "variable over the file", env: []string{"PGWAKE_PORT_RANGE=30-40"}, want: []string{"PGWAKE_PORT_RANGE: port_range: \"30-40\""}},
+		{name: "flag over both", env: []string{"PGWAKE_PORT_RANGE=30-40"}, args: []string{"--port-range=50-60"}, want: []string{"--port-range: port_range: \"50-60\""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.Load(config.Sources{File: file, Environ: tt.env, Flags: flagSet(t, tt.args...)})
+			if err == nil {
+				t.Fatal("loaded a bad config")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	// A default never gets a source.
+	cfg, err := config.Load(config.Sources{Environ: []string{"PGWAKE_IMAGE=x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Source("image") != "PGWAKE_IMAGE" || cfg.Source("listen") != "" {
+		t.Errorf("sources image %q listen %q", cfg.Source("image"), cfg.Source("listen"))
+	}
+}
