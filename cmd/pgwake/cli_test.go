@@ -273,6 +273,9 @@ func TestExitCode(t *testing.T) {
 		{name: "usage", err: usageError(boom), want: 2},
 		{name: "wrapped usage", err: fmt.Errorf("ctx: %w", usageError(boom)), want: 2},
 		{name: "psql status", err: &exitError{code: 3, err: boom}, want: 3},
+		{name: "the daemon finds the request invalid", err: fmt.Errorf("create: %w", &admin.APIError{Status: 400, Msg: "invalid project name"}), want: 2},
+		{name: "the daemon fails", err: &admin.APIError{Status: 500, Msg: "engine down"}, want: 1},
+		{name: "conflict", err: &admin.APIError{Status: 409, Msg: "exists"}, want: 1},
 		{name: "interrupt", err: boom, sig: os.Interrupt, want: 130},
 		{name: "interrupt without error", sig: os.Interrupt, want: 130},
 		{name: "terminate", err: usageError(boom), sig: syscall.SIGTERM, want: 143},
@@ -304,6 +307,35 @@ func TestDaemonProcs(t *testing.T) {
 		}
 		if got := daemonProcs("3", available); got != 0 {
 			t.Errorf("daemonProcs(\"3\", %d) = %d, want 0 (the environment decides)", available, got)
+		}
+	}
+}
+
+// TestBrokenConfigFile: a broken pgwake.yaml stops the commands that use
+// it (up, create: exit 2, naming the file and line), while the commands
+// that only talk to the daemon warn once and go on without it.
+func TestBrokenConfigFile(t *testing.T) {
+	t.Parallel()
+	dir, env := stateEnv(t)
+	broken := filepath.Join(dir, "pgwake.yaml")
+	if err := os.WriteFile(broken, []byte("image: x\nsleep_after: soon\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "PGWAKE_CONFIG="+broken) // the last value wins
+	for _, args := range [][]string{{"up"}, {"create", "app"}} {
+		r := runCLI(t, env, args...)
+		if r.code != 2 || !strings.Contains(r.err.Error(), broken+": line 2") {
+			t.Errorf("%v: exit %d, err %v; want 2 naming %s line 2", args, r.code, r.err, broken)
+		}
+	}
+	for _, args := range [][]string{{"ls"}, {"url", "app"}, {"env", "app"}, {"down"}} {
+		r := runCLI(t, env, args...)
+		if n := strings.Count(r.stderr, "warning: ignoring the config file"); n != 1 || !strings.Contains(r.stderr, "line 2") {
+			t.Errorf("%v: stderr %q, want one warning naming line 2", args, r.stderr)
+		}
+		// It went on to ask the daemon (none runs here).
+		if args[0] != "down" && !errors.Is(r.err, admin.ErrNotRunning) {
+			t.Errorf("%v: err %v, want the daemon asked (not running)", args, r.err)
 		}
 	}
 }

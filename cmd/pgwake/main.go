@@ -7,9 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/pgwake/pgwake/internal/admin"
 )
 
 func main() {
@@ -21,16 +24,20 @@ func main() {
 	os.Exit(exitCode(err, sig))
 }
 
-// exitCode prints err once and maps it to the process exit code: 2 for
-// usage errors, 130/143 when a signal ended the run, 1 otherwise.
+// exitCode prints err once, on one line, and maps it to the process exit
+// code: 2 for usage and configuration errors (the daemon's too), 130/143 when a signal ended the run, 1 otherwise.
 func exitCode(err error, sig chan os.Signal) int {
 	code := 0
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "pgwake: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pgwake: %s\n", oneLine(err))
 		code = 1
 		var ee *exitError
-		if errors.As(err, &ee) {
+		var ae *admin.APIError
+		switch {
+		case errors.As(err, &ee):
 			code = ee.code
+		case errors.As(err, &ae) && ae.Status == http.StatusBadRequest:
+			code = 2 // the daemon found the request invalid: a bad name or value
 		}
 	}
 	select {

@@ -24,7 +24,10 @@ func TestIntegrationProjectPorts(t *testing.T) {
 	h.ok(t, "create", "alpha")
 	h.ok(t, "create", "beta")
 	alpha, beta := h.mustProject(t, "alpha"), h.mustProject(t, "beta")
-	low, high := portRange(t, h)
+	low, high, err := h.portRange()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []admin.Project{alpha, beta} {
 		if p.Port < low || p.Port > high || p.PortError != "" {
 			t.Fatalf("%s: port %d (%q), want one in %d-%d", p.Name, p.Port, p.PortError, low, high)
@@ -99,7 +102,10 @@ func TestIntegrationProjectPorts(t *testing.T) {
 func TestIntegrationPortRangeExhausted(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	low, _ := portRange(t, h)
+	low, _, err := h.portRange()
+	if err != nil {
+		t.Fatal(err)
+	}
 	one := strconv.Itoa(low)
 	h.env = append(h.env, "PGWAKE_PORT_RANGE="+one+"-"+one) // the last value wins
 	h.up(t)
@@ -114,22 +120,6 @@ func TestIntegrationPortRangeExhausted(t *testing.T) {
 	if containers, volumes := h.instanceObjects(t); containers != 1 || volumes != 1 {
 		t.Errorf("%d containers and %d volumes, want only the first project's", containers, volumes)
 	}
-}
-
-// portRange is the harness's port_range.
-func portRange(t *testing.T, h *cliHarness) (low, high int) {
-	t.Helper()
-	for _, kv := range h.env {
-		if v, ok := strings.CutPrefix(kv, "PGWAKE_PORT_RANGE="); ok {
-			lo, hi, _ := strings.Cut(v, "-")
-			low, _ = strconv.Atoi(lo)
-			high, _ = strconv.Atoi(hi)
-		}
-	}
-	if low == 0 {
-		t.Fatal("harness has no port_range")
-	}
-	return low, high
 }
 
 func (h *cliHarness) connectURL(t *testing.T, u string) *pgx.Conn {

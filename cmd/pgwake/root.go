@@ -67,7 +67,19 @@ sees nothing but a slower first connect.
 		},
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := config.Load(config.Sources{File: configFile, Environ: d.environ, Flags: cmd.Flags()})
+			src := config.Sources{File: configFile, Environ: d.environ, Flags: cmd.Flags()}
+			cfg, err := config.Load(src)
+			var ferr *config.FileError
+			if errors.As(err, &ferr) && daemonOnly[cmd.Name()] {
+				// A command that only talks to the daemon needs nothing
+				// from a broken file: the daemon already runs with its
+				// own config. Say so once, and go on without the file.
+				src.NoFile = true
+				if lenient, lerr := config.Load(src); lerr == nil {
+					fmt.Fprintf(d.stderr, "pgwake: warning: ignoring the config file: %s\n", oneLine(err))
+					cfg, err = lenient, nil
+				}
+			}
 			if err != nil {
 				return usageError(err)
 			}
@@ -101,6 +113,16 @@ sees nothing but a slower first connect.
 	)
 	return root
 }
+
+// daemonOnly are the commands that only talk to a running daemon (or, for
+// down, clean up after one): they work with a broken config file.
+var daemonOnly = map[string]bool{
+	"down": true, "rm": true, "ls": true, "status": true, "url": true, "env": true, "tls": true,
+	"psql": true, "wake": true, "sleep": true, "pin": true, "unpin": true, "logs": true, "version": true,
+}
+
+// oneLine joins a multi-line error (errors.Join) into one line.
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 // globalKeys are the config keys every command takes as flags; `up` takes
 // the rest.

@@ -68,9 +68,10 @@ func TestStatusPlainOutput(t *testing.T) {
 	app := admin.Project{
 		Name: "app", State: "running", Active: 2, Queued: 1, Pinned: true, Wakes: 3,
 		LastWakeMS: 812.5, P95WakeMS: 1420, SleepAfterMS: 600_000, Image: "postgres:17", Backend: "docker",
-		RecentWakesMS: []float64{1420, 812.5}, URL: "postgres://postgres:pw@127.0.0.1:6432/app",
+		RecentWakesMS: []float64{1420, 812.5}, URL: "postgres://postgres:pw@127.0.0.1:6500/app", Port: 6500,
 	}
-	idle := admin.Project{Name: "idle", State: "running", SleepAfterMS: 600_000, SleepsInMS: 61_500, Image: "postgres:17", Backend: "local"}
+	idle := admin.Project{Name: "idle", State: "running", SleepAfterMS: 600_000, SleepsInMS: 61_500, Image: "postgres:17", Backend: "local",
+		Port: 6501, PortError: "port 6501 is in use by another program"}
 	broken := admin.Project{Name: "broken", State: "error", LastError: "no such image", RetryAt: time.Now().Add(time.Minute), Image: "nope:1"}
 	ps := []admin.Project{app, broken, idle}
 	env := serveAdmin(t, statusService{ps: ps})
@@ -80,10 +81,10 @@ func TestStatusPlainOutput(t *testing.T) {
 		t.Fatalf("ls: %v", err)
 	}
 	want := strings.Join([]string{
-		"NAME    STATE                CONNS  QUEUED  WAKES  LAST WAKE  P95 WAKE  SLEEPS IN  BACKEND  IMAGE",
-		"app     running (pinned)     2      1       3      813ms      1.42s     -          docker   postgres:17",
-		"broken  error (backing off)  0      0       0      -          -         -          -        nope:1",
-		"idle    running              0      0       0      -          -         1m2s       local    postgres:17",
+		"NAME    STATE                PORT         CONNS  QUEUED  WAKES  LAST WAKE  P95 WAKE  SLEEPS IN  BACKEND  IMAGE",
+		"app     running (pinned)     6500         2      1       3      813ms      1.42s     -          docker   postgres:17",
+		"broken  error (backing off)  -            0      0       0      -          -         -          -        nope:1",
+		"idle    running              6501 (busy)  0      0       0      -          -         1m2s       local    postgres:17",
 		"",
 	}, "\n")
 	if ls != want {

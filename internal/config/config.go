@@ -267,11 +267,24 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// FileError is a config file that exists but does not decode: bad YAML, an
+// unknown key, a value that does not parse.
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string { return "config file " + e.Path + ": " + e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
 // Sources are the inputs to Load.
 type Sources struct {
 	File    string         // explicit config file; "" looks for ./pgwake.yaml
 	Environ []string       // os.Environ()
 	Flags   *pflag.FlagSet // may be nil
+	// NoFile ignores every config file: the environment, flags and
+	// defaults only.
+	NoFile bool
 }
 
 // Load resolves the effective configuration: flags > env > file > defaults.
@@ -296,9 +309,10 @@ func Load(src Sources) (Config, error) {
 	}
 	data, err := os.ReadFile(file)
 	switch {
+	case src.NoFile:
 	case err == nil:
 		if err := decodeYAML(data, &cfg, file); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", file, err)
+			return Config{}, &FileError{Path: file, Err: err}
 		}
 	case explicit || !errors.Is(err, os.ErrNotExist):
 		return Config{}, fmt.Errorf("config file: %w", err)
