@@ -435,6 +435,29 @@ func dataMountTarget(env []string, volumes map[string]struct{}) string {
 	return defaultPGDATA
 }
 
+// ErrImagePull matches a PullError: the engine lacks the image and could
+// not pull it (no registry, as on an offline machine, or no such image).
+var ErrImagePull = errors.New("image cannot be pulled")
+
+// PullError is an image the engine lacks and could not pull. Its message
+// is one line naming the ways out, since the usual cause is a machine
+// without registry access, where every create and first start would fail
+// alike.
+type PullError struct {
+	Ref string
+	Err error // the engine's reason
+}
+
+func (e *PullError) Error() string {
+	return fmt.Sprintf("image %q is not on this Docker engine and cannot be pulled (%s); "+
+		"use an image the engine has (create --image, or the image config key / PGWAKE_IMAGE), "+
+		"the local backend (pgwake up --backend local), "+
+		"or build one offline with pgwake's testdata/postgres-image/build.sh",
+		e.Ref, strings.Join(strings.Fields(e.Err.Error()), " "))
+}
+
+func (e *PullError) Unwrap() []error { return []error{ErrImagePull, e.Err} }
+
 // ensureImage pulls ref when the engine lacks it, and returns its config.
 func (b *Backend) ensureImage(ctx context.Context, ref string) (client.ImageInspectResult, error) {
 	img, err := b.cli.ImageInspect(ctx, ref)
@@ -445,11 +468,14 @@ func (b *Backend) ensureImage(ctx context.Context, ref string) (client.ImageInsp
 	}
 	b.log.Info("pulling image", "image", ref)
 	resp, err := b.cli.ImagePull(ctx, ref, client.ImagePullOptions{})
-	if err != nil {
-		return img, fmt.Errorf("pull image %q: %w", ref, err)
+	if err == nil {
+		err = resp.Wait(ctx)
 	}
-	if err := resp.Wait(ctx); err != nil {
-		return img, fmt.Errorf("pull image %q: %w", ref, err)
+	if err != nil {
+		if client.IsErrConnectionFailed(err) || ctx.Err() != nil {
+			return img, fmt.Errorf("pull image %q: %w", ref, err)
+		}
+		return img, &PullError{Ref: ref, Err: err}
 	}
 	img, err = b.cli.ImageInspect(ctx, ref)
 	if err != nil {
