@@ -107,6 +107,7 @@ sees nothing but a slower first connect.
 		newPsqlCommand(d),
 		newWakeCommand(d),
 		newSleepCommand(d),
+		newPinCommand(d), newUnpinCommand(d),
 		newLogsCommand(d),
 		newVersionCommand(d),
 		newGenDocsCommand(d),
