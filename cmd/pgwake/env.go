@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -24,12 +25,23 @@ project, through the proxy, in a form your shell or CI takes directly:
   eval "$(pgwake env app)"                      # shell (default)
   pgwake env app --format github >> "$GITHUB_ENV" # GitHub Actions
   pgwake env app --format dotenv > .env          # dotenv files
-  pgwake env app --format json`,
+  pgwake env app --format json
+
+Under GitHub Actions (GITHUB_ACTIONS=true), --format github first writes
+::add-mask:: commands for the password to stderr, so the runner hides it in
+the job's log while the variables go to $GITHUB_ENV.`,
 		Args: exactArgs(1, "a project name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			vars, err := envFor(cmd, d, args[0])
 			if err != nil {
 				return err
+			}
+			if format == "github" {
+				for _, v := range vars {
+					if v.name == "DATABASE_URL" {
+						writeMasks(d.stderr, d.environ, urlSecrets(v.value)...)
+					}
+				}
 			}
 			return writeEnv(d.stdout, format, vars)
 		},
@@ -103,6 +115,61 @@ func writeEnv(w io.Writer, format string, vars []envVar) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeMasks tells a GitHub Actions runner to mask each secret in the
+// job's log: one ::add-mask:: workflow command per value, written to w
+// (stderr) before anything else prints them. Outside GitHub Actions it
+// writes nothing: another CI would just log the secret.
+//
+// Why stderr: `pgwake env app --format github >> "$GITHUB_ENV"` sends
+// stdout into the env file, where the runner rejects any line that is not
+// NAME=value or NAME<<DELIMITER ("Invalid format") and fails the step.
+// GitHub's docs say commands go "over stdout", but the runner
+// (actions/runner, Runner.Worker/Handlers/ScriptHandler.cs) feeds the step
+// process's stderr lines through the same OutputManager and command parser
+// as its stdout lines, so the mask takes effect from stderr and the runner
+// consumes the line instead of logging it. When stdout reaches the log too
+// (no redirect), the two pipes are read separately; the runner dispatches
+// the stderr lines it holds before the stdout ones (Runner.Sdk's
+// ProcessInvoker.ProcessOutput), which covers the usual case, but only the
+// redirect keeps the values out of the log for certain.
+func writeMasks(w io.Writer, environ []string, secrets ...string) {
+	if !slices.Contains(environ, "GITHUB_ACTIONS=true") {
+		return
+	}
+	var b strings.Builder
+	for _, s := range secrets {
+		if s != "" {
+			b.WriteString("::add-mask::" + escapeCommandData(s) + "\n")
+		}
+	}
+	io.WriteString(w, b.String())
+}
+
+// escapeCommandData escapes a workflow command's value as the runner
+// unescapes it (ActionCommand's data mappings): %, CR and LF.
+func escapeCommandData(s string) string {
+	return strings.NewReplacer("%", "%25", "\r", "%0D", "\n", "%0A").Replace(s)
+}
+
+// urlSecrets returns the password of a postgres:// URL, and again as the
+// URL spells it when that differs (percent-encoded), for writeMasks.
+func urlSecrets(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return nil
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return nil
+	}
+	out := []string{pw}
+	user := url.User(u.User.Username()).String()
+	if enc := strings.TrimPrefix(u.User.String(), user+":"); enc != pw {
+		out = append(out, enc)
+	}
+	return out
 }
 
 // shellQuote single-quotes s for POSIX shells.
