@@ -3,41 +3,69 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/config"
 )
 
+type createOptions struct {
+	req          admin.CreateRequest
+	ephemeral    bool
+	showPassword bool
+}
+
 func newCreateCommand(d *deps) *cobra.Command {
-	var req admin.CreateRequest
-	var ephemeral bool
+	var o createOptions
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a project with its own Postgres; prints its connection URL",
-		Args:  exactArgs(1, "a project name"),
+		Long: `Create a project with its own Postgres server and print its connection URL
+through the proxy, without the password unless --show-password (so CI logs do
+not get it): pgwake url NAME prints the full URL, eval "$(pgwake env NAME)"
+sets PGPASSWORD. The first connect starts the new server for the first time
+(initdb), which takes seconds.
+
+Settings the flags leave out come from this command's own configuration
+when it sets them: PGWAKE_IMAGE, PGWAKE_SLEEP_AFTER, PGWAKE_SLEEP_MODE,
+PGWAKE_EPHEMERAL, the same keys in ./pgwake.yaml (or --config), or the
+project's entry there; otherwise from the running pgwake's. Settings of the
+proxy itself (listen, backend, ...) belong to pgwake up.`,
+		Args: exactArgs(1, "a project name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req.Name = args[0]
+			o.req.Name = args[0]
 			if cmd.Flags().Changed("ephemeral") {
-				req.Ephemeral = &ephemeral
+				o.req.Ephemeral = &o.ephemeral
 			}
-			return runCreate(cmd.Context(), d, req)
+			return runCreate(cmd.Context(), d, o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&req.Image, "image", "", "Postgres image (default: the image config key)")
-	f.StringVar(&req.SleepAfter, "sleep-after", "", "idle time before it sleeps, like 10m; 0 never sleeps (default: sleep_after)")
-	f.StringVar(&req.SleepMode, "sleep-mode", "", "stop (frees memory) or pause (wakes in milliseconds) (default: sleep_mode)")
-	f.IntVar(&req.Port, "port", 0, "also listen on this port for the project alone (port routing), for clients that cannot choose a database name; within port_range")
-	f.BoolVar(&req.PortOutsideRange, "port-outside-range", false, "allow a --port below 1024 or outside port_range")
-	f.BoolVar(&ephemeral, "ephemeral", false, "remove the project with its data on pgwake down (default: ephemeral)")
+	f.StringVar(&o.req.Image, "image", "", "Postgres image (default: the image config key)")
+	f.StringVar(&o.req.SleepAfter, "sleep-after", "", "idle time before it sleeps, like 10m; 0 never sleeps (default: sleep_after)")
+	f.StringVar(&o.req.SleepMode, "sleep-mode", "", "stop (frees memory) or pause (wakes in milliseconds) (default: sleep_mode)")
+	f.IntVar(&o.req.Port, "port", 0, "also listen on this port for the project alone (port routing), for clients that cannot choose a database name; within port_range")
+	f.BoolVar(&o.req.PortOutsideRange, "port-outside-range", false, "allow a --port below 1024 or outside port_range")
+	f.BoolVar(&o.ephemeral, "ephemeral", false, "remove the project with its data on pgwake down (default: the ephemeral config key)")
+	f.BoolVar(&o.showPassword, "show-password", false, "print the URL with its password")
 	return cmd
 }
 
-func runCreate(ctx context.Context, d *deps, req admin.CreateRequest) error {
+func runCreate(ctx context.Context, d *deps, o createOptions) error {
+	req := o.req
+	fillCreateRequest(&req, d.cfg)
+	if err := checkDaemonKeys(ctx, d); err != nil {
+		return err
+	}
 	p, err := d.client().Create(ctx, req)
 	if err != nil {
 		return err
+	}
+	if o.showPassword {
+		writeMasks(d.stderr, d.environ, urlSecrets(p.URL)...)
 	}
 	kind := "project"
 	if p.Ephemeral {
@@ -45,6 +73,118 @@ func runCreate(ctx context.Context, d *deps, req admin.CreateRequest) error {
 	}
 	fmt.Fprintf(d.stderr, "created %s %s (image %s, sleeps after %s idle, mode %s)\n",
 		kind, p.Name, p.Image, fmtMS(p.SleepAfterMS), p.SleepMode)
-	_, err = fmt.Fprintln(d.stdout, p.URL)
+	fmt.Fprintln(d.stderr, "its first connect starts the server for the first time (initdb for new data): allow a few seconds; later wakes are much faster")
+	u := p.URL
+	if !o.showPassword {
+		if u, err = withoutPassword(u); err != nil {
+			return err
+		}
+		fmt.Fprintf(d.stderr, "the URL below has no password: pgwake url %s prints it in full, eval \"$(pgwake env %s)\" sets PGPASSWORD\n", p.Name, p.Name)
+	}
+	_, err = fmt.Fprintln(d.stdout, u)
 	return err
+}
+
+// fillCreateRequest fills in what the create flags left empty from this
+// command's own configuration, where the user set it (cfg.Source says so,
+// also for a value equal to the default): a PGWAKE_* variable exported for
+// this call or a key in its pgwake.yaml must not give way to the daemon's
+// start-up config. The project's entry in pgwake.yaml comes before those,
+// as it does when `pgwake up` creates it. What nobody set stays empty: the
+// daemon's own defaults apply.
+func fillCreateRequest(req *admin.CreateRequest, cfg config.Config) {
+	for _, pc := range cfg.Projects {
+		if pc.Name != req.Name {
+			continue
+		}
+		if req.Image == "" {
+			req.Image = pc.Image
+		}
+		if req.SleepMode == "" {
+			req.SleepMode = pc.SleepMode
+		}
+		if req.SleepAfter == "" && pc.SleepAfter != nil {
+			req.SleepAfter = pc.SleepAfter.String()
+		}
+		if req.Ephemeral == nil && pc.Ephemeral {
+			req.Ephemeral = &pc.Ephemeral
+		}
+	}
+	set := func(key string) bool { return cfg.Source(key) != "" }
+	if req.Image == "" && set("image") {
+		req.Image = cfg.Image
+	}
+	if req.SleepMode == "" && set("sleep_mode") {
+		req.SleepMode = cfg.SleepMode
+	}
+	if req.SleepAfter == "" && set("sleep_after") {
+		req.SleepAfter = cfg.SleepAfter.String()
+	}
+	if req.Ephemeral == nil && set("ephemeral") {
+		req.Ephemeral = &cfg.Ephemeral
+	}
+}
+
+// checkDaemonKeys compares what this command's configuration sets for the
+// daemon's own keys with what the running daemon uses, where the API tells
+// (its listen address, its backend for new projects). A backend that
+// differs is refused: the project would live on another backend for good.
+// A listen address that differs only gets a warning, since it changes
+// nothing for the project.
+func checkDaemonKeys(ctx context.Context, d *deps) error {
+	backendFrom := d.cfg.Source("backend")
+	if d.cfg.Backend == "auto" {
+		backendFrom = ""
+	}
+	listenFrom := d.cfg.Source("listen")
+	if backendFrom == "" && listenFrom == "" {
+		return nil
+	}
+	info, err := d.client().Info(ctx)
+	if err != nil {
+		return err
+	}
+	if backendFrom != "" && d.cfg.Backend != info.Backend {
+		return usageError(fmt.Errorf("backend %s (%s) applies to pgwake up: the running pgwake creates new projects on %s; unset it, or restart pgwake with --backend %s",
+			d.cfg.Backend, backendFrom, info.Backend, d.cfg.Backend))
+	}
+	if listenFrom != "" && !sameListen(d.cfg.Listen, info.Listen) {
+		fmt.Fprintf(d.stderr, "pgwake: warning: listen %s (%s) applies to pgwake up only; the running pgwake listens on %s\n",
+			d.cfg.Listen, listenFrom, info.Listen)
+	}
+	return nil
+}
+
+// sameListen reports whether a daemon configured to listen on want may be
+// the one listening on got: port 0 is any port, an empty or unspecified
+// host any address.
+func sameListen(want, got string) bool {
+	wh, wp, err1 := net.SplitHostPort(want)
+	gh, gp, err2 := net.SplitHostPort(got)
+	if err1 != nil || err2 != nil {
+		return want == got
+	}
+	if wp != "0" && wp != gp {
+		return false
+	}
+	anyHost := func(h string) bool { ip := net.ParseIP(h); return h == "" || ip != nil && ip.IsUnspecified() }
+	if anyHost(wh) || anyHost(gh) {
+		return anyHost(wh) && anyHost(gh)
+	}
+	if wh == "localhost" {
+		wh = "127.0.0.1"
+	}
+	return wh == gh || net.ParseIP(wh).Equal(net.ParseIP(gh))
+}
+
+// withoutPassword is a connection URL with its password left out.
+func withoutPassword(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("project URL: %w", err)
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	return u.String(), nil
 }
