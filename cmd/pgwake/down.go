@@ -36,7 +36,21 @@ func runDown(ctx context.Context, d *deps, timeout time.Duration, volumes bool) 
 	cl := d.client()
 	info, err := cl.Info(ctx)
 	if errors.Is(err, admin.ErrNotRunning) {
-		fmt.Fprintln(d.stderr, "pgwake is not running")
+		if !volumes {
+			fmt.Fprintln(d.stderr, "pgwake is not running")
+			return nil
+		}
+		// After a crash: remove what it created all the same.
+		fmt.Fprintln(d.stderr, "pgwake is not running; removing every project it created, with its data")
+		err := daemon.Purge(ctx, d.cfg, d.logger(), daemon.Options{})
+		if errors.Is(err, daemon.ErrNothingToPurge) {
+			fmt.Fprintln(d.stderr, "nothing to remove:", err)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(d.stderr, "removed everything pgwake created")
 		return nil
 	}
 	if err != nil {

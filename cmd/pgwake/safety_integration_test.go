@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,29 +254,95 @@ func TestIntegrationNoBackendSwitchCLI(t *testing.T) {
 	}
 }
 
-// TestIntegrationUpWaitsForDeclaredProjects: `up -d --wait` returns once
-// the projects pgwake.yaml declares exist, and a declared project that
-// cannot be created stops start-up with that error, printed by `up -d`.
+// TestIntegrationUpWaitsForDeclaredProjects: `up -d --wait` is a contract.
+// It returns 0 once the projects pgwake.yaml declares exist (a URL works
+// right after it); run again with the same configuration it is a no-op
+// that creates only what is newly declared; with another configuration it
+// names what differs and fails. A declared project that cannot be created
+// fails start-up with its cause, in the background and in the foreground;
+// a bad name is a configuration error (exit 2) naming the file and line.
 func TestIntegrationUpWaitsForDeclaredProjects(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	yaml := filepath.Join(h.dir, "pgwake.yaml")
-	if err := os.WriteFile(yaml, []byte("projects:\n  - name: decl\n"), 0o600); err != nil {
-		t.Fatal(err)
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(yaml, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
+	write("projects:\n  - name: decl\n")
 	h.up(t)
 	if p, ok := h.project(t, "decl"); !ok || p.Backend != "docker" {
 		t.Fatalf("after up -d --wait, declared project: %+v, listed %v; want it on docker", p, ok)
 	}
+	h.connectURL(t, strings.TrimSpace(h.ok(t, "url", "decl"))).Close(t.Context())
+
+	// Again, with one more project declared: only that one is created.
+	write("projects:\n  - name: decl\n  - name: more\n")
+	r := h.run(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
+	if r.code != 0 || !strings.Contains(r.stderr, "already running with this configuration") || !strings.Contains(r.stderr, "created declared project more") {
+		t.Errorf("up again: exit %d, stderr %q; want 0, the new project created, nothing else", r.code, r.stderr)
+	}
+	if _, ok := h.project(t, "more"); !ok {
+		t.Errorf("the newly declared project was not created")
+	}
+	r = h.fail(t, "up", "-d", "--listen", "127.0.0.1:0", "--sleep-after", "5m")
+	if r.code != 1 || !strings.Contains(r.stderr, `sleep_after is "10m0s" there, "5m0s" here (--sleep-after)`) {
+		t.Errorf("up with another config: exit %d, stderr %q; want 1 naming sleep_after", r.code, r.stderr)
+	}
 	h.ok(t, "down")
 
-	if err := os.WriteFile(yaml, []byte("projects:\n  - name: Bad_Name\n"), 0o600); err != nil {
+	write("projects:\n  - name: fine\n  - name: Bad_Name\n")
+	r = h.fail(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
+	if r.code != 2 || !strings.Contains(r.stderr, "pgwake.yaml line 1: projects[1]: invalid project name") {
+		t.Errorf("up with a bad declared name: exit %d, stderr %q; want 2 naming the file", r.code, r.stderr)
+	}
+
+	// An image that cannot be pulled (no registry here) fails start-up
+	// with that cause, and creates nothing.
+	write("projects:\n  - name: nopull\n    image: pgwake-test/not-in-any-registry:1\n")
+	_, before := h.instanceObjects(t)
+	for _, args := range [][]string{{"up", "-d", "--wait"}, {"up"}} {
+		r := h.run(t, append(args, "--listen", "127.0.0.1:0")...)
+		last := lastLine(t, r)
+		if r.code != 1 || !strings.Contains(last, `declared project "nopull"`) || !strings.Contains(last, "pgwake-test/not-in-any-registry:1") {
+			t.Errorf("%v with an image that cannot be pulled: exit %d, last line %q; want 1 and the cause", args, r.code, last)
+		}
+		h.waitLockFree(t)
+	}
+	if _, volumes := h.instanceObjects(t); volumes != before {
+		t.Errorf("%d volumes after failed creates, want the %d from before", volumes, before)
+	}
+}
+
+// TestIntegrationDownVolumesAfterCrash: `down --volumes` with no daemon
+// (it was killed) still removes everything pgwake created: found by its
+// state dir and its labels.
+func TestIntegrationDownVolumesAfterCrash(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	info, _ := h.up(t)
+	h.ok(t, "create", "one")
+	h.ok(t, "create", "two")
+	h.writeNote(t, "one", "x")
+	if c, v := h.instanceObjects(t); c != 2 || v != 2 {
+		t.Fatalf("%d containers, %d volumes before the kill, want 2 and 2", c, v)
+	}
+	if err := syscall.Kill(info.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	r := h.run(t, "up", "-d", "--wait", "--listen", "127.0.0.1:0")
-	last := lastLine(t, r)
-	if r.code != 1 || !strings.Contains(last, `declared project "Bad_Name"`) || !strings.Contains(last, "invalid project name") {
-		t.Errorf("up with a bad declared project: exit %d, last line %q; want 1 and the daemon's error", r.code, last)
+	h.waitGone(t, info.PID)
+	r := h.run(t, "down", "--volumes")
+	if r.code != 0 || !strings.Contains(r.stderr, "removed everything pgwake created") {
+		t.Fatalf("down --volumes after a crash: exit %d, stderr %q", r.code, r.stderr)
 	}
-	h.waitLockFree(t)
+	if c, v := h.instanceObjects(t); c != 0 || v != 0 {
+		t.Errorf("%d containers, %d volumes left, want none", c, v)
+	}
+	h.up(t)
+	if ps := h.projects(t); len(ps) != 0 {
+		t.Errorf("projects after the purge: %d, want none", len(ps))
+	}
+	h.ok(t, "down")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/daemon"
 )
@@ -89,8 +91,8 @@ func daemonProcs(env string, available int) int {
 // exits. If it exits, the error it printed is this command's error.
 func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptions) error {
 	cl := d.client()
-	if err := cl.Healthy(ctx); err == nil {
-		return fmt.Errorf("pgwake is already running (admin socket %s)", d.cfg.SocketPath())
+	if info, err := cl.Info(ctx); err == nil {
+		return upAgain(ctx, d, info, o)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -154,6 +156,71 @@ func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptio
 		case <-tick.C:
 		}
 	}
+}
+
+// upAgain is `up -d` while pgwake already runs: like `docker compose up
+// -d`, nothing to do when it runs with this configuration (but create the
+// declared projects it lacks), and an error naming what differs when it
+// runs with another.
+func upAgain(ctx context.Context, d *deps, info admin.Info, o upOptions) error {
+	if diffs := configDiff(&d.cfg, info.Config); len(diffs) > 0 {
+		return fmt.Errorf("pgwake is already running (pid %d) with another configuration: %s; stop it with `pgwake down` to change it",
+			info.PID, strings.Join(diffs, "; "))
+	}
+	cl := d.client()
+	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
+	defer cancel()
+	if o.wait {
+		// Its own start-up may still be creating declared projects.
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for info.Starting {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("pgwake (pid %d) did not finish starting within %s", info.PID, o.waitTimeout)
+			case <-tick.C:
+			}
+			var err error
+			if info, err = cl.Info(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	for _, pc := range d.cfg.Projects {
+		if _, err := cl.Project(ctx, pc.Name); !isNotFound(err) {
+			continue
+		}
+		if _, err := cl.Create(ctx, daemon.DeclaredRequest(pc)); err != nil {
+			return fmt.Errorf("declared project %q: %w", pc.Name, err)
+		}
+		fmt.Fprintf(d.stderr, "created declared project %s\n", pc.Name)
+	}
+	fmt.Fprintf(d.stderr, "pgwake is already running with this configuration (pid %d, serving on %s)\n", info.PID, info.Listen)
+	return nil
+}
+
+// configDiff lists the keys whose value in cfg differs from the running
+// daemon's, each with both values and where cfg's came from.
+func configDiff(cfg *config.Config, running map[string]string) []string {
+	var diffs []string
+	mine := cfg.Effective()
+	for _, k := range config.Keys() {
+		have, ok := running[k.Name]
+		if !ok || have == mine[k.Name] {
+			continue
+		}
+		from := cfg.Source(k.Name)
+		if from == "" {
+			from = "default"
+		}
+		diffs = append(diffs, fmt.Sprintf("%s is %q there, %q here (%s)", k.Name, have, mine[k.Name], from))
+	}
+	return diffs
+}
+
+func isNotFound(err error) bool {
+	var ae *admin.APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
 }
 
 // startupError is the error a daemon that exited during start-up printed

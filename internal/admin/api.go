@@ -25,6 +25,10 @@ type Info struct {
 	// Starting is set until start-up has finished (the projects
 	// pgwake.yaml declares are created); `up --wait` waits for it.
 	Starting bool `json:"starting,omitempty"`
+	// Config is the daemon's effective configuration, key by key (secrets
+	// as digests), so `up -d` can tell a running pgwake with the same
+	// configuration (nothing to do) from one with another.
+	Config map[string]string `json:"config,omitempty"`
 }
 
 // BackendInfo is one backend the daemon uses.

@@ -7,6 +7,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -649,6 +651,22 @@ func (c *Config) SocketPath() string {
 		return c.AdminSocket
 	}
 	return filepath.Join(c.StateDir, "pgwake.sock")
+}
+
+// Effective is every key's value, for comparing two configurations (`up
+// -d` against the running daemon's). A secret is shown as a digest: equal
+// secrets compare equal, and the value is not revealed.
+func (c *Config) Effective() map[string]string {
+	out := map[string]string{}
+	for _, k := range Keys() {
+		v := c.Get(k.Name)
+		if k.Secret && v != "" {
+			sum := sha256.Sum256([]byte(v))
+			v = "sha256:" + hex.EncodeToString(sum[:8])
+		}
+		out[k.Name] = v
+	}
+	return out
 }
 
 // LogAttrs renders the effective configuration for the start-up log line.

@@ -396,11 +396,13 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}()
 	err := d.createDeclared(dctx)
 	cancel()
-	d.starting.Store(false)
 	if err != nil {
+		// Starting stays set: while Close runs the admin API still
+		// answers, and `up --wait` must not take that for serving.
 		d.log.Error("creating declared projects", "err", err)
 		return err
 	}
+	d.starting.Store(false)
 	d.log.Info("pgwake is serving", "listen", d.ln.Addr().String(), "admin", d.sock,
 		"backend", d.newBackend, "projects", len(d.store.Projects()))
 	if d.opts.Ready != nil {
@@ -527,6 +529,7 @@ func (d *Daemon) Info() admin.Info {
 	return admin.Info{
 		Version: version.Version, PID: os.Getpid(), Listen: d.ln.Addr().String(),
 		Backend: d.newBackend, Backends: bs, StateDir: d.cfg.StateDir, Starting: d.starting.Load(),
+		Config: d.cfg.Effective(),
 	}
 }
 
@@ -818,16 +821,21 @@ func (d *Daemon) createDeclared(ctx context.Context) error {
 		if _, err := d.store.Get(pc.Name); err == nil {
 			continue
 		}
-		req := admin.CreateRequest{Name: pc.Name, Image: pc.Image, SleepMode: pc.SleepMode}
-		if pc.SleepAfter != nil {
-			req.SleepAfter = pc.SleepAfter.String()
-		}
-		if pc.Ephemeral {
-			req.Ephemeral = &pc.Ephemeral
-		}
-		if _, err := d.Create(ctx, req); err != nil {
+		if _, err := d.Create(ctx, DeclaredRequest(pc)); err != nil {
 			return fmt.Errorf("declared project %q: %w", pc.Name, err)
 		}
 	}
 	return nil
+}
+
+// DeclaredRequest is the create request for a project pgwake.yaml declares.
+func DeclaredRequest(pc config.ProjectConfig) admin.CreateRequest {
+	req := admin.CreateRequest{Name: pc.Name, Image: pc.Image, SleepMode: pc.SleepMode}
+	if pc.SleepAfter != nil {
+		req.SleepAfter = pc.SleepAfter.String()
+	}
+	if pc.Ephemeral {
+		req.Ephemeral = &pc.Ephemeral
+	}
+	return req
 }
