@@ -57,6 +57,7 @@ type Config struct {
 	SleepMode             string        `yaml:"sleep_mode" usage:"default sleep mode for new projects: stop or pause"`
 	GracePeriod           time.Duration `yaml:"grace_period" usage:"minimum time a project stays awake after a wake"`
 	WakeTimeout           time.Duration `yaml:"wake_timeout" usage:"how long a client waits for a project to wake"`
+	FirstStartTimeout     time.Duration `yaml:"first_start_timeout" usage:"how long a new project's first start (initdb) may take; at least wake_timeout"`
 	StartupTimeout        time.Duration `yaml:"startup_timeout" usage:"how long a client may take to send its startup packet"`
 	ShutdownTimeout       time.Duration `yaml:"shutdown_timeout" usage:"how long open connections may drain on down"`
 	MaxConnections        int           `yaml:"max_connections" usage:"connection cap across all projects"`
@@ -130,6 +131,7 @@ func Default() Config {
 		SleepMode:             string(backend.SleepStop),
 		GracePeriod:           30 * time.Second,
 		WakeTimeout:           60 * time.Second,
+		FirstStartTimeout:     5 * time.Minute,
 		StartupTimeout:        10 * time.Second,
 		ShutdownTimeout:       10 * time.Second,
 		MaxConnections:        1000,
@@ -569,6 +571,7 @@ func (c *Config) Validate() error {
 	}{
 		{"sleep_after", c.SleepAfter}, {"grace_period", c.GracePeriod}, {"wake_timeout", c.WakeTimeout},
 		{"startup_timeout", c.StartupTimeout}, {"shutdown_timeout", c.ShutdownTimeout},
+		{"first_start_timeout", c.FirstStartTimeout},
 	} {
 		if d.v < 0 {
 			errs = append(errs, field(fmt.Errorf("%s must not be negative", d.name), d.name))

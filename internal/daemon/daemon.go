@@ -191,16 +191,17 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 			_, err := d.store.Get(project)
 			d.metrics.Refused(project, code, err == nil)
 		},
-		Logger:          log,
-		WakeTimeout:     cfg.WakeTimeout,
-		StartupTimeout:  cfg.StartupTimeout,
-		GracePeriod:     cfg.GracePeriod,
-		SweepInterval:   opts.SweepInterval,
-		MaxConns:        cfg.MaxConnections,
-		MaxProjectConns: cfg.MaxProjectConnections,
-		MaxStartupConns: cfg.MaxStartupConnections,
-		TLS:             d.tls,
-		UpstreamTLS:     upstreamTLS,
+		Logger:            log,
+		WakeTimeout:       cfg.WakeTimeout,
+		FirstStartTimeout: cfg.FirstStartTimeout,
+		StartupTimeout:    cfg.StartupTimeout,
+		GracePeriod:       cfg.GracePeriod,
+		SweepInterval:     opts.SweepInterval,
+		MaxConns:          cfg.MaxConnections,
+		MaxProjectConns:   cfg.MaxProjectConnections,
+		MaxStartupConns:   cfg.MaxStartupConnections,
+		TLS:               d.tls,
+		UpstreamTLS:       upstreamTLS,
 	})
 	if err != nil {
 		return nil, err

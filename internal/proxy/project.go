@@ -48,7 +48,8 @@ type env struct {
 	onChange func(project string)
 	onWake   func(project string, took time.Duration, err error)
 
-	wakeTimeout time.Duration
+	wakeTimeout  time.Duration
+	firstTimeout time.Duration // a first start (initdb); at least wakeTimeout
 	stopTimeout time.Duration
 	grace       time.Duration
 	readyPoll   time.Duration
@@ -335,11 +336,13 @@ func (p *project) park(ctx context.Context, done <-chan struct{}) error {
 func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	e := p.env
 	start := e.now()
-	ctx, cancel := context.WithTimeout(e.wakeBase, e.wakeTimeout)
+	// Only the runtime knows whether this start runs initdb: the wake gets
+	// the first start's budget until Start says it does not.
+	ctx, cancel := context.WithTimeout(e.wakeBase, e.firstTimeout)
 	defer cancel()
 
 	p.log.Info("waking project")
-	st, err := p.startAndWait(ctx, spec)
+	st, err := p.startAndWait(ctx, spec, time.Now().Add(e.wakeTimeout))
 	t := st.target
 	took := e.now().Sub(start)
 
@@ -389,10 +392,16 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 
 // startAndWait starts the server, waits until Postgres serves, and then
 // confirms that the server that answered is the one it started.
-func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (started, error) {
+func (p *project) startAndWait(ctx context.Context, spec backend.Spec, wakeDeadline time.Time) (started, error) {
 	ep, err := p.be.Start(ctx, spec)
 	if err != nil {
 		return started{}, err
+	}
+	if !ep.First {
+		// A wake, not a first start: the rest of it has wake_timeout.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, wakeDeadline)
+		defer cancel()
 	}
 	t := target{addr: ep.Addr, id: ep.ID}
 	if ep.Serving {

@@ -491,3 +491,24 @@ func TestIntegrationReusedAddressNeverReachesAnotherProject(t *testing.T) {
 		}
 	})
 }
+
+// TestIntegrationFirstStartHasItsOwnTimeout: a new project's first start
+// runs initdb, which takes seconds on a quiet machine and more than a
+// minute on a loaded CI runner; it is bounded by FirstStartTimeout, not by
+// the wake timeout, so a first connect on a slow machine still succeeds.
+// WakeTimeout here is shorter than any initdb, so the test fails if the
+// first start is held to it.
+func TestIntegrationFirstStartHasItsOwnTimeout(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		const wakeTimeout = 300 * time.Millisecond
+		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{WakeTimeout: wakeTimeout, FirstStartTimeout: 5 * time.Minute}})
+		spec := h.addProject("fresh", backend.SleepStop, 0)
+		conn := h.connect(t.Context(), spec)
+		defer conn.Close(t.Context())
+		wantRow(t, conn, 1, "select 1")
+		st := h.status("fresh")
+		if st.FirstStart <= wakeTimeout {
+			t.Fatalf("first start took %v, not longer than the wake timeout %v: the test proves nothing", st.FirstStart, wakeTimeout)
+		}
+	})
+}

@@ -36,6 +36,10 @@ type Options struct {
 	Logger *slog.Logger
 
 	WakeTimeout     time.Duration // start until Postgres serves
+	// FirstStartTimeout bounds a new project's first start instead, which
+	// runs initdb: seconds on a quiet machine, more than a minute on a
+	// loaded CI runner. Never shorter than WakeTimeout.
+	FirstStartTimeout time.Duration
 	StopTimeout     time.Duration // one sleep call
 	StartupTimeout  time.Duration // client's first packets
 	GracePeriod     time.Duration // no idle sleep this soon after a wake
@@ -80,6 +84,8 @@ func (o *Options) setDefaults() {
 		}
 	}
 	def(&o.WakeTimeout, 60*time.Second)
+	def(&o.FirstStartTimeout, 5*time.Minute)
+	o.FirstStartTimeout = max(o.FirstStartTimeout, o.WakeTimeout)
 	def(&o.StopTimeout, 150*time.Second)
 	def(&o.StartupTimeout, 10*time.Second)
 	def(&o.SweepInterval, time.Second)
@@ -164,7 +170,7 @@ func New(opts Options) (*Server, error) {
 	s.env = &env{
 		now: time.Now, log: opts.Logger, up: s.up, base: base, wakeBase: connCtx,
 		onChange: opts.OnChange, onWake: opts.OnWake,
-		wakeTimeout: opts.WakeTimeout, stopTimeout: opts.StopTimeout, grace: opts.GracePeriod,
+		wakeTimeout: opts.WakeTimeout, firstTimeout: opts.FirstStartTimeout, stopTimeout: opts.StopTimeout, grace: opts.GracePeriod,
 		readyPoll: opts.ReadyPoll, statusEvery: opts.StatusInterval, maxConns: opts.MaxProjectConns,
 		backoff: s.backoff,
 	}
