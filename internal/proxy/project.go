@@ -50,12 +50,12 @@ type env struct {
 
 	wakeTimeout  time.Duration
 	firstTimeout time.Duration // a first start (initdb); at least wakeTimeout
-	stopTimeout time.Duration
-	grace       time.Duration
-	readyPoll   time.Duration
-	statusEvery time.Duration // how often a wake asks the runtime whether the server still runs
-	maxConns    int
-	backoff     func(failures int) time.Duration
+	stopTimeout  time.Duration
+	grace        time.Duration
+	readyPoll    time.Duration
+	statusEvery  time.Duration // how often a wake asks the runtime whether the server still runs
+	maxConns     int
+	backoff      func(failures int) time.Duration
 }
 
 // target is the server a running project is dialled at: its address, and

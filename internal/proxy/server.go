@@ -35,21 +35,21 @@ import (
 type Options struct {
 	Logger *slog.Logger
 
-	WakeTimeout     time.Duration // start until Postgres serves
+	WakeTimeout time.Duration // start until Postgres serves
 	// FirstStartTimeout bounds a new project's first start instead, which
 	// runs initdb: seconds on a quiet machine, more than a minute on a
 	// loaded CI runner. Never shorter than WakeTimeout.
 	FirstStartTimeout time.Duration
-	StopTimeout     time.Duration // one sleep call
-	StartupTimeout  time.Duration // client's first packets
-	GracePeriod     time.Duration // no idle sleep this soon after a wake
-	SweepInterval   time.Duration // how often idle projects are checked
-	ReadyPoll       time.Duration // readiness probe interval during a wake
-	StatusInterval  time.Duration // how often a wake asks the runtime whether the server still runs
-	BackoffBase     time.Duration // first delay after a failed wake
-	BackoffMax      time.Duration
-	MaxConns        int // all projects together
-	MaxProjectConns int // one project
+	StopTimeout       time.Duration // one sleep call
+	StartupTimeout    time.Duration // client's first packets
+	GracePeriod       time.Duration // no idle sleep this soon after a wake
+	SweepInterval     time.Duration // how often idle projects are checked
+	ReadyPoll         time.Duration // readiness probe interval during a wake
+	StatusInterval    time.Duration // how often a wake asks the runtime whether the server still runs
+	BackoffBase       time.Duration // first delay after a failed wake
+	BackoffMax        time.Duration
+	MaxConns          int // all projects together
+	MaxProjectConns   int // one project
 	// MaxStartupConns bounds connections that have not yet sent a complete
 	// startup packet. Past it the oldest such connection is closed: a
 	// flood of silent sockets cannot exhaust file descriptors, and a real
