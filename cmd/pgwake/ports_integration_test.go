@@ -83,12 +83,13 @@ func TestIntegrationProjectPorts(t *testing.T) {
 	c.Close(t.Context())
 
 	// A project asked to have no port of its own is on the shared port.
-	np, err := h.admin().Create(t.Context(), admin.CreateRequest{Name: "gamma", NoPort: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if np.Port != 0 || np.URL != np.SharedURL {
+	h.ok(t, "create", "gamma", "--no-port")
+	np := h.mustProject(t, "gamma")
+	if np.Port != 0 || np.URL != np.SharedURL || strings.TrimSpace(h.ok(t, "url", "gamma")) != np.SharedURL {
 		t.Errorf("gamma: port %d url %q, want none and the shared url", np.Port, np.URL)
+	}
+	if r := h.fail(t, "create", "eps", "--no-port", "--port", "20001"); r.code != 2 {
+		t.Errorf("--port with --no-port: exit %d, want 2", r.code)
 	}
 	// An explicit port another project holds is refused, naming it.
 	r := h.fail(t, "create", "delta", "--port", strconv.Itoa(alpha.Port))
