@@ -73,7 +73,8 @@ func TestStatusPlainOutput(t *testing.T) {
 	idle := admin.Project{Name: "idle", State: "running", SleepAfterMS: 600_000, SleepsInMS: 61_500, Image: "postgres:17", Backend: "local",
 		Port: 6501, PortError: "port 6501 is in use by another program"}
 	broken := admin.Project{Name: "broken", State: "error", LastError: "no such image", RetryAt: time.Now().Add(time.Minute), Image: "nope:1"}
-	ps := []admin.Project{app, broken, idle}
+	fresh := admin.Project{Name: "fresh", State: "running", Active: 1, Wakes: 1, FirstStartMS: 13105, Image: "postgres:17", Backend: "docker", Port: 6502}
+	ps := []admin.Project{app, broken, fresh, idle}
 	env := serveAdmin(t, statusService{ps: ps})
 
 	ls, err := runStatusCLI(t, env, "ls")
@@ -81,10 +82,11 @@ func TestStatusPlainOutput(t *testing.T) {
 		t.Fatalf("ls: %v", err)
 	}
 	want := strings.Join([]string{
-		"NAME    STATE                PORT         CONNS  QUEUED  WAKES  LAST WAKE  P95 WAKE  SLEEPS IN  BACKEND  IMAGE",
-		"app     running (pinned)     6500         2      1       3      813ms      1.42s     -          docker   postgres:17",
-		"broken  error (backing off)  -            0      0       0      -          -         -          -        nope:1",
-		"idle    running              6501 (busy)  0      0       0      -          -         1m2s       local    postgres:17",
+		"NAME    STATE                PORT         CONNS  QUEUED  WAKES  LAST WAKE              P95 WAKE  SLEEPS IN  BACKEND  IMAGE",
+		"app     running (pinned)     6500         2      1       3      813ms                  1.42s     -          docker   postgres:17",
+		"broken  error (backing off)  -            0      0       0      -                      -         -          -        nope:1",
+		"fresh   running              6502         1      0       1      13.105s (first start)  -         -          docker   postgres:17",
+		"idle    running              6501 (busy)  0      0       0      -                      -         1m2s       local    postgres:17",
 		"",
 	}, "\n")
 	if ls != want {

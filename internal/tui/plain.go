@@ -34,9 +34,18 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 			be = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, FormatPort(p), p.Active, p.Queued, p.Wakes,
-			FormatLatency(p.LastWakeMS), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
+			lastWake(p), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
 	}
 	return tw.Flush()
+}
+
+// lastWake is the last wake's latency or, before any wake, the first
+// start's (initdb), marked as such: it is not a cold start.
+func lastWake(p admin.Project) string {
+	if p.LastWakeMS == 0 && p.FirstStartMS > 0 {
+		return FormatLatency(p.FirstStartMS) + " (first start)"
+	}
+	return FormatLatency(p.LastWakeMS)
 }
 
 // FormatPort is the project's own port, "busy" after it when another

@@ -334,6 +334,9 @@ func (m Model) projectLines(e entry) []string {
 		wakes += fmt.Sprintf(" · last %s · p50 %s · p95 %s · max %s", compactLatency(p.LastWakeMS),
 			compactLatency(p.P50WakeMS), compactLatency(p.P95WakeMS), compactLatency(p.MaxWakeMS))
 	}
+	if p.FirstStartMS > 0 {
+		wakes += m.styles.faint.Render(" · first start (initdb) " + compactLatency(p.FirstStartMS) + ", not counted")
+	}
 	lines = append(lines, label("wakes")+wakes)
 
 	var conns string
