@@ -113,7 +113,7 @@ func TestStatusPlainOutput(t *testing.T) {
 	if err := json.Unmarshal([]byte(stJSON), &got); err != nil {
 		t.Fatalf("status --json: %v\n%s", err, stJSON)
 	}
-	if len(got) != 3 || got[0].Name != "app" || got[0].Queued != 1 || !slices.Equal(got[0].RecentWakesMS, app.RecentWakesMS) {
+	if len(got) != len(ps) || got[0].Name != "app" || got[0].Queued != 1 || !slices.Equal(got[0].RecentWakesMS, app.RecentWakesMS) {
 		t.Errorf("status --json decoded to %+v", got)
 	}
 }
