@@ -215,10 +215,14 @@ func (b *holdSleep) Sleep(ctx context.Context, spec backend.Spec, mode backend.S
 func TestIntegrationClientArrivingDuringSleepIsServed(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, k kit) {
 		hold := &holdSleep{entered: make(chan struct{}, 1), release: make(chan struct{})}
+		release := sync.OnceFunc(func() { close(hold.release) })
 		h := newHarness(t, k, harnessOptions{
 			proxy: proxy.Options{GracePeriod: 0},
 			wrap:  func(b backend.Backend) backend.Backend { hold.Backend = b; return hold },
 		})
+		// Registered after the harness's, so it runs first: a test that
+		// fails before releasing the sleep must not hang the shutdown's.
+		t.Cleanup(release)
 		spec := h.addProject("racy", backend.SleepStop, 300*time.Millisecond)
 		ctx := t.Context()
 		conn := h.connect(ctx, spec)
@@ -246,7 +250,7 @@ func TestIntegrationClientArrivingDuringSleepIsServed(t *testing.T) {
 		}()
 		// The client is parked: it holds a slot while the sleep is in flight.
 		h.waitFor("racy", "client parked", 10*time.Second, func(st proxy.Status) bool { return st.Active == 1 })
-		close(hold.release)
+		release()
 		r := <-got
 		if r.err != nil || r.n != 7 {
 			t.Fatalf("client during sleep: %d, %v", r.n, r.err)
