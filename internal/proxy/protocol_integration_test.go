@@ -230,7 +230,7 @@ func TestIntegrationUserRouting(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				u := url.URL{
 					Scheme: "postgres", User: url.UserPassword(spec.User+"."+spec.Name, spec.Password),
-					Host: h.addr, Path: "/" + tc.db, RawQuery: "sslmode=disable&connect_timeout=90",
+					Host: h.addr, Path: "/" + tc.db, RawQuery: clientQuery,
 				}
 				cfg, err := pgx.ParseConfig(u.String())
 				if err != nil {

@@ -499,18 +499,27 @@ func TestIntegrationReusedAddressNeverReachesAnotherProject(t *testing.T) {
 // TestIntegrationFirstStartHasItsOwnTimeout: a new project's first start
 // runs initdb, which takes seconds on a quiet machine and more than a
 // minute on a loaded CI runner; it is bounded by FirstStartTimeout, not by
-// the wake timeout, so a first connect on a slow machine still succeeds.
-// WakeTimeout here is shorter than any initdb, so the test fails if the
-// first start is held to it.
+// the wake timeout. WakeTimeout here is shorter than any initdb, so the
+// test fails if the first start is held to it.
+//
+// The project is registered without Ensure, so that its first Start runs
+// initdb on both backends (the local backend otherwise runs it in Ensure,
+// and its first Start is then a wake held to WakeTimeout). The wake is
+// asked for as `pgwake wake` asks, not by a client: a client's connect is
+// held to WakeTimeout of connection attempts after the wake too, which a
+// loaded machine can exceed in 300 ms.
 func TestIntegrationFirstStartHasItsOwnTimeout(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, k kit) {
 		const wakeTimeout = 300 * time.Millisecond
 		h := newHarness(t, k, harnessOptions{proxy: proxy.Options{WakeTimeout: wakeTimeout, FirstStartTimeout: 5 * time.Minute}})
-		spec := h.addProject("fresh", backend.SleepStop, 0)
-		conn := h.connect(t.Context(), spec)
-		defer conn.Close(t.Context())
-		wantRow(t, conn, 1, "select 1")
-		st := h.status("fresh")
+		spec := h.newSpec("fresh")
+		if err := h.srv.AddProject(t.Context(), proxy.Project{Spec: spec, Backend: h.be}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.srv.Wake(t.Context(), spec.Name); err != nil {
+			t.Fatalf("first start: %v", err)
+		}
+		st := h.status(spec.Name)
 		if st.FirstStart <= wakeTimeout {
 			t.Fatalf("first start took %v, not longer than the wake timeout %v: the test proves nothing", st.FirstStart, wakeTimeout)
 		}
