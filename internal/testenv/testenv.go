@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -288,26 +289,51 @@ func RemoveInstance(t testing.TB, cli *client.Client, instance string) {
 
 // StopLocalServers stops (immediate shutdown: the data is thrown away next)
 // every postmaster whose data directory is root/*/data, waits for them to
-// exit, and deletes root.
+// exit, and deletes root. A pid in a postmaster.pid counts only while it is
+// that directory's server (see runsIn): a server killed with SIGKILL leaves
+// its file behind, and the kernel may have given the pid to any process
+// since, a Docker container's Postgres among them (on the host its
+// processes are ordinary ones), which another test would see die.
 func StopLocalServers(root string) {
 	pidfiles, _ := filepath.Glob(filepath.Join(root, "*", "data", "postmaster.pid"))
-	var pids []int
+	type server struct {
+		pid  int
+		data string
+	}
+	var servers []server
 	for _, pf := range pidfiles {
 		data, err := os.ReadFile(pf)
 		if err != nil {
 			continue
 		}
 		first, _, _ := strings.Cut(string(data), "\n")
-		if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && pid > 0 {
-			pids = append(pids, pid)
+		pid, err := strconv.Atoi(strings.TrimSpace(first))
+		if dir := filepath.Dir(pf); err == nil && pid > 0 && runsIn(pid, dir) {
+			servers = append(servers, server{pid, dir})
 			_ = syscall.Kill(pid, syscall.SIGQUIT)
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for _, pid := range pids {
-		for time.Now().Before(deadline) && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+	for _, s := range servers {
+		for time.Now().Before(deadline) && runsIn(s.pid, s.data) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	_ = os.RemoveAll(root)
+}
+
+// runsIn reports whether process pid exists and works in directory dir: a
+// postmaster changes into its data directory at start, and nothing else
+// of these tests works there. A zombie has no working directory, so it is
+// gone already. Without /proc (not Linux) it reports whether pid exists.
+func runsIn(pid int, dir string) bool {
+	if _, err := os.Stat("/proc/self/cwd"); err != nil {
+		return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	}
+	want, err := os.Stat(dir)
+	if err != nil {
+		return false
+	}
+	got, err := os.Stat(fmt.Sprintf("/proc/%d/cwd", pid))
+	return err == nil && os.SameFile(got, want)
 }
