@@ -17,6 +17,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/dockerbackend"
 	"github.com/pgwake/pgwake/internal/testenv"
 )
@@ -137,10 +138,13 @@ func volumeExists(t testing.TB, cli *client.Client, name string) bool {
 // waitServing follows the container's log from its current start until
 // the real server (the one listening on TCP, not the entrypoint's temporary
 // socket-only one) reports it accepts connections, so that a stop reaches
-// Postgres itself and not the entrypoint script.
+// Postgres itself and not the entrypoint script. A first start runs
+// initdb, so it waits as long as pgwake would (first_start_timeout): with
+// the machine loaded initdb's "syncing data to disk" alone outlasted the
+// two minutes this used to allow.
 func waitServing(t testing.TB, cli *client.Client, name string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), config.Default().FirstStartTimeout)
 	defer cancel()
 	res, err := cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
 	if err != nil {
