@@ -170,6 +170,23 @@ func CanPause(b Backend) bool {
 	return true
 }
 
+// Initializer is implemented by backends that can tell, before a start,
+// whether it will initialise the server's data (run initdb): a first
+// start takes seconds to minutes where a wake takes a fraction of a
+// second, and is given a longer deadline.
+type Initializer interface {
+	WillInitialize(ctx context.Context, spec Spec) bool
+}
+
+// WillInitialize reports whether b says the next start of spec's server
+// runs initdb; false for a backend that cannot tell.
+func WillInitialize(ctx context.Context, b Backend, spec Spec) bool {
+	if in, ok := b.(Initializer); ok {
+		return in.WillInitialize(ctx, spec)
+	}
+	return false
+}
+
 // Checker is implemented by backends that can tell whether they can serve
 // right now (the engine answers, the binaries exist), without touching any
 // project.

@@ -43,6 +43,7 @@ var (
 	_ backend.Checker        = (*lazyBackend)(nil)
 	_ backend.Sweeper        = (*lazyBackend)(nil)
 	_ backend.PauseSupporter = (*lazyBackend)(nil)
+	_ backend.Initializer    = (*lazyBackend)(nil)
 )
 
 // connectTimeout bounds one attempt to connect a backend (the Docker
@@ -269,6 +270,12 @@ func (l *lazyBackend) SupportsPause() bool {
 	be := l.be
 	l.mu.Unlock()
 	return be == nil || backend.CanPause(be)
+}
+
+// WillInitialize implements backend.Initializer.
+func (l *lazyBackend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	be, err := l.get(ctx)
+	return err == nil && backend.WillInitialize(ctx, be, spec)
 }
 
 // RemoveAll implements backend.Sweeper; a backend that cannot sweep has

@@ -76,11 +76,12 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Logger  = (*Backend)(nil)
-	_ backend.Watcher = (*Backend)(nil)
-	_ backend.Sweeper = (*Backend)(nil)
-	_ backend.Checker = (*Backend)(nil)
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.Logger      = (*Backend)(nil)
+	_ backend.Watcher     = (*Backend)(nil)
+	_ backend.Sweeper     = (*Backend)(nil)
+	_ backend.Checker     = (*Backend)(nil)
+	_ backend.Initializer = (*Backend)(nil)
 )
 
 // ErrEngineUnreachable is returned by New when no Docker engine answers,
@@ -546,6 +547,24 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpo
 		ep.First = b.hasNewData(ctx, id)
 	}
 	return ep, err
+}
+
+// WillInitialize implements backend.Initializer: a container that was
+// made together with its volume and never started runs initdb when it
+// starts, and so does one Start makes with a new volume. (A container
+// recreated on its existing volume does not.)
+func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	res, err := b.cli.ContainerInspect(ctx, b.ContainerName(spec.Name), client.ContainerInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		_, verr := b.cli.VolumeInspect(ctx, b.VolumeName(spec.Name), client.VolumeInspectOptions{})
+		return cerrdefs.IsNotFound(verr)
+	}
+	if err != nil || res.Container.State == nil || res.Container.Config == nil {
+		return false
+	}
+	t, err := time.Parse(time.RFC3339Nano, res.Container.State.StartedAt)
+	neverStarted := err != nil || t.Year() < 2
+	return neverStarted && res.Container.Config.Labels[LabelNewData] == "true"
 }
 
 // hasNewData reports whether the container was made together with its

@@ -56,6 +56,7 @@ var (
 	_ backend.Backend        = (*Backend)(nil)
 	_ backend.Logger         = (*Backend)(nil)
 	_ backend.Checker        = (*Backend)(nil)
+	_ backend.Initializer    = (*Backend)(nil)
 	_ backend.Sweeper        = (*Backend)(nil)
 	_ backend.PauseSupporter = (*Backend)(nil)
 )
@@ -667,6 +668,13 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 		st.Log = logTail(b.LogFile(spec.Name), 0, exitLogLines)
 	}
 	return st, nil
+}
+
+// WillInitialize implements backend.Initializer: a data directory without
+// PG_VERSION is initialised by the next start.
+func (b *Backend) WillInitialize(_ context.Context, spec backend.Spec) bool {
+	_, err := os.Stat(filepath.Join(b.dataDir(spec.Name), "PG_VERSION"))
+	return err != nil
 }
 
 // Start implements backend.Backend: it starts the postmaster and returns

@@ -336,13 +336,15 @@ func (p *project) park(ctx context.Context, done <-chan struct{}) error {
 func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	e := p.env
 	start := e.now()
-	// Only the runtime knows whether this start runs initdb: the wake gets
-	// the first start's budget until Start says it does not.
-	ctx, cancel := context.WithTimeout(e.wakeBase, e.firstTimeout)
+	budget := e.wakeTimeout
+	if backend.WillInitialize(e.wakeBase, p.be, spec) {
+		budget = e.firstTimeout // initdb: seconds, or minutes on a loaded machine
+	}
+	ctx, cancel := context.WithTimeout(e.wakeBase, budget)
 	defer cancel()
 
 	p.log.Info("waking project")
-	st, err := p.startAndWait(ctx, spec, time.Now().Add(e.wakeTimeout))
+	st, err := p.startAndWait(ctx, spec)
 	t := st.target
 	took := e.now().Sub(start)
 
@@ -392,16 +394,10 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 
 // startAndWait starts the server, waits until Postgres serves, and then
 // confirms that the server that answered is the one it started.
-func (p *project) startAndWait(ctx context.Context, spec backend.Spec, wakeDeadline time.Time) (started, error) {
+func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (started, error) {
 	ep, err := p.be.Start(ctx, spec)
 	if err != nil {
 		return started{}, err
-	}
-	if !ep.First {
-		// A wake, not a first start: the rest of it has wake_timeout.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, wakeDeadline)
-		defer cancel()
 	}
 	t := target{addr: ep.Addr, id: ep.ID}
 	if ep.Serving {
