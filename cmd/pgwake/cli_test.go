@@ -339,3 +339,42 @@ func TestBrokenConfigFile(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokenConfigFileKeepsWherePgwakeRuns: the commands that go on
+// without a broken file still take the state dir it names (else `rm` or
+// `down --volumes` would act on another pgwake), and refuse when the file
+// is too broken to tell.
+func TestBrokenConfigFileKeepsWherePgwakeRuns(t *testing.T) {
+	t.Parallel()
+	dir, _ := stateEnv(t)
+	other := filepath.Join(dir, "other")
+	file := filepath.Join(dir, "pgwake.yaml")
+	env := []string{"PGWAKE_CONFIG=" + file} // the state dir comes from the file alone
+	for _, tt := range []struct {
+		name, body string
+		code       int
+		want       string
+	}{
+		{"bad value", "state_dir: " + other + "\nsleep_after: banana\n", 1, filepath.Join(other, "pgwake.sock")},
+		{"bad declared name", "state_dir: " + other + "\nprojects:\n  - name: Bad_Name\n", 1, filepath.Join(other, "pgwake.sock")},
+		{"not YAML, naming the state dir", "state_dir: " + other + "\n  : [\n", 2, "config file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := os.WriteFile(file, []byte(tt.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{{"ls"}, {"tls", "ca"}, {"rm", "app", "--volumes"}} {
+				r := runCLI(t, env, args...)
+				if args[0] == "tls" { // it asks the daemon: only the config's verdict counts
+					if (r.code == 2) != (tt.code == 2) {
+						t.Errorf("%v: exit %d, err %v; want the config taken as for ls", args, r.code, r.err)
+					}
+					continue
+				}
+				if r.code != tt.code || !strings.Contains(r.err.Error(), tt.want) {
+					t.Errorf("%v: exit %d, err %v; want %d and %q", args, r.code, r.err, tt.code, tt.want)
+				}
+			}
+		})
+	}
+}

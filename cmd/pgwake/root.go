@@ -68,17 +68,18 @@ sees nothing but a slower first connect.
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			src := config.Sources{File: configFile, Environ: d.environ, Flags: cmd.Flags()}
-			cfg, err := config.Load(src)
-			var ferr *config.FileError
-			if errors.As(err, &ferr) && daemonOnly[cmd.Name()] {
-				// A command that only talks to the daemon needs nothing
-				// from a broken file: the daemon already runs with its
-				// own config. Say so once, and go on without the file.
-				src.NoFile = true
-				if lenient, lerr := config.Load(src); lerr == nil {
-					fmt.Fprintf(d.stderr, "pgwake: warning: ignoring the config file: %s\n", oneLine(err))
-					cfg, err = lenient, nil
+			var cfg config.Config
+			var err error
+			if daemonOnly[topCommand(cmd)] {
+				// The daemon already runs with its own config: a broken
+				// file costs these commands a warning, not their use.
+				var warning error
+				cfg, warning, err = config.LoadWithoutBrokenFile(src)
+				if warning != nil {
+					fmt.Fprintf(d.stderr, "pgwake: warning: ignoring the config file but for where pgwake runs: %s\n", oneLine(warning))
 				}
+			} else {
+				cfg, err = config.Load(src)
 			}
 			if err != nil {
 				return usageError(err)
@@ -120,6 +121,15 @@ sees nothing but a slower first connect.
 var daemonOnly = map[string]bool{
 	"down": true, "rm": true, "ls": true, "status": true, "url": true, "env": true, "tls": true,
 	"psql": true, "wake": true, "sleep": true, "pin": true, "unpin": true, "logs": true, "version": true,
+}
+
+// topCommand is the name of the root's subcommand cmd belongs to ("tls"
+// for `pgwake tls ca`).
+func topCommand(cmd *cobra.Command) string {
+	for cmd.HasParent() && cmd.Parent().HasParent() {
+		cmd = cmd.Parent()
+	}
+	return cmd.Name()
 }
 
 // oneLine joins a multi-line error (errors.Join) into one line.

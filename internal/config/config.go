@@ -271,8 +271,9 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// FileError is a config file that exists but does not decode: bad YAML, an
-// unknown key, a value that does not parse.
+// FileError is a config file that exists but is broken: bad YAML, an
+// unknown key, a value that does not parse, or values that make no sense
+// (the error names each with its line).
 type FileError struct {
 	Path string
 	Err  error
@@ -360,7 +361,13 @@ func Load(src Sources) (Config, error) {
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, cfg.named(err)
+		named := cfg.named(err)
+		if cfg.fromFileOnly(err, file) {
+			// Only the file's values are wrong: a FileError, so that
+			// commands that do not use them can do without the file.
+			return Config{}, &FileError{Path: file, Err: named}
+		}
+		return Config{}, named
 	}
 	return cfg, nil
 }
@@ -376,6 +383,29 @@ func (e *fieldError) Error() string { return e.err.Error() }
 func (e *fieldError) Unwrap() error { return e.err }
 
 func field(err error, keys ...string) error { return &fieldError{keys: keys, err: err} }
+
+// fromFileOnly reports whether every one of Validate's errors is about
+// keys that file set.
+func (c *Config) fromFileOnly(err error, file string) bool {
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	for _, e := range list {
+		var fe *fieldError
+		if !errors.As(e, &fe) {
+			return false
+		}
+		for _, k := range fe.keys {
+			if src := c.sources[k]; src != "" && !strings.HasPrefix(src, file+" line ") {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // named adds to each of Validate's errors where its keys were set.
 func (c *Config) named(err error) error {
@@ -683,4 +713,83 @@ func (c *Config) LogAttrs() []any {
 		attrs = append(attrs, k.Name, v)
 	}
 	return attrs
+}
+
+// LoadWithoutBrokenFile is Load for commands that only talk to a running
+// daemon: they need nothing from the config file but where the daemon is
+// (state_dir, admin_socket). If the file is broken (a FileError), it loads
+// again without it, keeping those two keys from the file when they can
+// be read, and returns the file's error as a warning. When the file is
+// too broken to tell whether it sets them, the error stands: guessing the
+// wrong state dir would act on another pgwake (rm, down --volumes).
+func LoadWithoutBrokenFile(src Sources) (cfg Config, warning, err error) {
+	cfg, err = Load(src)
+	var ferr *FileError
+	if !errors.As(err, &ferr) {
+		return cfg, nil, err
+	}
+	data, rerr := os.ReadFile(ferr.Path)
+	if rerr != nil {
+		return Config{}, nil, err
+	}
+	where, ok := locationKeys(data)
+	if !ok {
+		return Config{}, nil, err
+	}
+	lenient := src
+	lenient.NoFile = true
+	cfg, lerr := Load(lenient)
+	if lerr != nil {
+		return Config{}, nil, err
+	}
+	for key, v := range where {
+		if cfg.sources[key] != "" {
+			continue // a variable or flag wins over the file anyway
+		}
+		if serr := cfg.Set(key, v.value); serr != nil {
+			return Config{}, nil, err
+		}
+		cfg.setSource(key, ferr.Path, v.line)
+	}
+	if verr := cfg.Validate(); verr != nil {
+		return Config{}, nil, err
+	}
+	return cfg, ferr, nil
+}
+
+type located struct {
+	value string
+	line  int
+}
+
+// locationKeys reads state_dir and admin_socket from a config file that
+// may otherwise be broken. ok is false when the file is not even YAML and
+// seems to set one of them.
+func locationKeys(data []byte) (map[string]located, bool) {
+	out := map[string]located{}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			k, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+			if k == "state_dir" || k == "admin_socket" {
+				return nil, false
+			}
+		}
+		return out, true
+	}
+	if len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return out, true
+	}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Value != "state_dir" && k.Value != "admin_socket" {
+			continue
+		}
+		if v.Kind != yaml.ScalarNode {
+			return nil, false
+		}
+		out[k.Value] = located{v.Value, k.Line}
+	}
+	return out, true
 }
