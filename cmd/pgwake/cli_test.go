@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pgwake/pgwake/internal/admin"
+	"github.com/pgwake/pgwake/internal/config"
 )
 
 // cliResult is what one in-process CLI run produced.
@@ -376,5 +378,32 @@ func TestBrokenConfigFileKeepsWherePgwakeRuns(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestConfigDiff(t *testing.T) {
+	t.Parallel()
+	running := config.Default()
+	running.AdminToken = "old-secret"
+	theirs := running.Effective()
+	_, env := stateEnv(t)
+	cfg, err := config.Load(config.Sources{Environ: append(env,
+		"PGWAKE_MAX_CONNECTIONS=7", "PGWAKE_IMAGE=other:1", "PGWAKE_LOG_LEVEL=debug", "PGWAKE_ADMIN_TOKEN=new-secret")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs["state_dir"] = cfg.StateDir // the same daemon
+	diffs, notes := configDiff(&cfg, theirs)
+	want := []string{"admin_token differs (PGWAKE_ADMIN_TOKEN)", `max_connections is "1000" there, "7" here (PGWAKE_MAX_CONNECTIONS)`} // in key order
+	if !slices.Equal(diffs, want) {
+		t.Errorf("diffs %q, want %q", diffs, want)
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "log_level") {
+		t.Errorf("notes %q, want log_level only", notes)
+	}
+	for _, d := range append(diffs, notes...) {
+		if strings.Contains(d, "secret") && !strings.Contains(d, "admin_token differs") || strings.Contains(d, "image") {
+			t.Errorf("%q: a secret's value or a per-project default", d)
+		}
 	}
 }

@@ -291,9 +291,13 @@ func TestIntegrationUpWaitsForDeclaredProjects(t *testing.T) {
 	if _, ok := h.project(t, "more"); !ok {
 		t.Errorf("the newly declared project was not created")
 	}
-	r = h.fail(t, "up", "-d", "--listen", "127.0.0.1:0", "--sleep-after", "5m")
-	if r.code != 1 || !strings.Contains(r.stderr, `sleep_after is "10m0s" there, "5m0s" here (--sleep-after)`) {
-		t.Errorf("up with another config: exit %d, stderr %q; want 1 naming sleep_after", r.code, r.stderr)
+	r = h.fail(t, "up", "-d", "--listen", "127.0.0.1:0", "--max-connections", "7")
+	if r.code != 1 || !strings.Contains(r.stderr, `max_connections is "1000" there, "7" here (--max-connections)`) {
+		t.Errorf("up with another config: exit %d, stderr %q; want 1 naming max_connections", r.code, r.stderr)
+	}
+	// Defaults for new projects are no difference: creates send their own.
+	if r := h.run(t, "up", "-d", "--listen", "127.0.0.1:0", "--sleep-after", "5m"); r.code != 0 {
+		t.Errorf("up with another sleep_after: exit %d, stderr %q; want 0", r.code, r.stderr)
 	}
 	h.ok(t, "down")
 

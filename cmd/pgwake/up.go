@@ -163,34 +163,42 @@ func runUpDetached(ctx context.Context, d *deps, flags *pflag.FlagSet, o upOptio
 // declared projects it lacks), and an error naming what differs when it
 // runs with another.
 func upAgain(ctx context.Context, d *deps, info admin.Info, o upOptions) error {
-	if diffs := configDiff(&d.cfg, info.Config); len(diffs) > 0 {
+	if info.Config == nil {
+		fmt.Fprintf(d.stderr, "pgwake: warning: the running pgwake (pid %d, version %s) does not report its configuration; not compared\n", info.PID, info.Version)
+	}
+	diffs, notes := configDiff(&d.cfg, info.Config)
+	if len(diffs) > 0 {
 		return fmt.Errorf("pgwake is already running (pid %d) with another configuration: %s; stop it with `pgwake down` to change it",
 			info.PID, strings.Join(diffs, "; "))
+	}
+	for _, n := range notes {
+		fmt.Fprintf(d.stderr, "pgwake: warning: %s\n", n)
 	}
 	cl := d.client()
 	ctx, cancel := context.WithTimeout(ctx, o.waitTimeout)
 	defer cancel()
-	if o.wait {
-		// Its own start-up may still be creating declared projects.
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for info.Starting {
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("pgwake (pid %d) did not finish starting within %s", info.PID, o.waitTimeout)
-			case <-tick.C:
-			}
-			var err error
-			if info, err = cl.Info(ctx); err != nil {
-				return err
-			}
+	// Its own start-up may still be creating declared projects: creating
+	// them here too would race it.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for info.Starting {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgwake (pid %d) did not finish starting within %s (--wait-timeout)", info.PID, o.waitTimeout)
+		case <-tick.C:
+		}
+		var err error
+		if info, err = cl.Info(ctx); err != nil {
+			return err
 		}
 	}
 	for _, pc := range d.cfg.Projects {
 		if _, err := cl.Project(ctx, pc.Name); !isNotFound(err) {
 			continue
 		}
-		if _, err := cl.Create(ctx, daemon.DeclaredRequest(pc)); err != nil {
+		req := admin.CreateRequest{Name: pc.Name}
+		fillCreateRequest(&req, d.cfg)
+		if _, err := cl.Create(ctx, req); err != nil {
 			return fmt.Errorf("declared project %q: %w", pc.Name, err)
 		}
 		fmt.Fprintf(d.stderr, "created declared project %s\n", pc.Name)
@@ -199,23 +207,37 @@ func upAgain(ctx context.Context, d *deps, info admin.Info, o upOptions) error {
 	return nil
 }
 
+// perProject are the keys that are only defaults for new projects: creates
+// from this command send them with each request (see fillCreateRequest),
+// so the daemon's own values need not match.
+var perProject = map[string]bool{"image": true, "sleep_after": true, "sleep_mode": true, "ephemeral": true}
+
 // configDiff lists the keys whose value in cfg differs from the running
-// daemon's, each with both values and where cfg's came from.
-func configDiff(cfg *config.Config, running map[string]string) []string {
-	var diffs []string
+// daemon's, each with both values and where cfg's came from; notes are
+// differences that change nothing that matters (how it logs).
+func configDiff(cfg *config.Config, running map[string]string) (diffs, notes []string) {
 	mine := cfg.Effective()
 	for _, k := range config.Keys() {
 		have, ok := running[k.Name]
-		if !ok || have == mine[k.Name] {
+		if !ok || have == mine[k.Name] || perProject[k.Name] {
 			continue
 		}
 		from := cfg.Source(k.Name)
 		if from == "" {
 			from = "default"
 		}
-		diffs = append(diffs, fmt.Sprintf("%s is %q there, %q here (%s)", k.Name, have, mine[k.Name], from))
+		msg := fmt.Sprintf("%s is %q there, %q here (%s)", k.Name, have, mine[k.Name], from)
+		if k.Secret {
+			msg = fmt.Sprintf("%s differs (%s)", k.Name, from)
+		}
+		switch k.Name {
+		case "log_level", "log_format":
+			notes = append(notes, msg+"; the running pgwake keeps its own")
+		default:
+			diffs = append(diffs, msg)
+		}
 	}
-	return diffs
+	return diffs, notes
 }
 
 func isNotFound(err error) bool {

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -81,9 +80,6 @@ type Config struct {
 // Source is where key's value came from ("--listen", "PGWAKE_LISTEN",
 // "pgwake.yaml line 3"), or "" for a built-in default.
 func (c *Config) Source(key string) string { return c.sources[key] }
-
-// Sources lists every key Load found set, with where (see Source).
-func (c *Config) Sources() map[string]string { return maps.Clone(c.sources) }
 
 // TLSConfig is the tls section: client-side TLS of the proxy.
 type TLSConfig struct {

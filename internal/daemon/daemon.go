@@ -822,7 +822,11 @@ func (d *Daemon) createDeclared(ctx context.Context) error {
 		if _, err := d.store.Get(pc.Name); err == nil {
 			continue
 		}
-		if _, err := d.Create(ctx, DeclaredRequest(pc)); err != nil {
+		_, err := d.Create(ctx, DeclaredRequest(pc))
+		if errors.Is(err, state.ErrExists) {
+			continue // created meanwhile (an `up -d` run again)
+		}
+		if err != nil {
 			return fmt.Errorf("declared project %q: %w", pc.Name, err)
 		}
 	}

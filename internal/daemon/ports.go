@@ -41,6 +41,13 @@ func (d *Daemon) claimPort(p *state.Project) (net.Listener, error) {
 		return nil, nil
 	}
 	if p.Port != 0 {
+		// Its owner may not hold it right now (busy at start-up, or being
+		// removed): it is still that project's.
+		for _, q := range d.store.Projects() {
+			if q.Port == p.Port {
+				return nil, fmt.Errorf("port %d belongs to project %q", p.Port, q.Name)
+			}
+		}
 		return d.listenPort(p.Name, p.Port)
 	}
 	low, high, err := d.cfg.Ports()

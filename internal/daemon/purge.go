@@ -40,5 +40,16 @@ func Purge(ctx context.Context, cfg config.Config, log *slog.Logger, opts Option
 	if err := d.openBackends(ctx); err != nil {
 		return fmt.Errorf("cannot reach what pgwake created: %w", err)
 	}
-	return d.removeOnShutdown(ctx, true)
+	if err := d.removeOnShutdown(ctx, true); err != nil {
+		return err
+	}
+	// A backend that cannot be reached kept what pgwake made there: say
+	// so rather than report everything removed.
+	var errs []error
+	for _, l := range d.backends {
+		if ok, err := l.available(); !ok {
+			errs = append(errs, fmt.Errorf("what pgwake created on the %s backend is left: %w", l.name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
