@@ -74,7 +74,11 @@ func runCreate(ctx context.Context, d *deps, o createOptions) error {
 	}
 	fmt.Fprintf(d.stderr, "created %s %s (image %s, sleeps after %s idle, mode %s)\n",
 		kind, p.Name, p.Image, fmtMS(p.SleepAfterMS), p.SleepMode)
-	fmt.Fprintln(d.stderr, "its first connect starts the server for the first time (initdb for new data): allow a few seconds; later wakes are much faster")
+	if p.Backend == "local" {
+		fmt.Fprintln(d.stderr, "its data was initialised now (initdb); its first connect starts the server, later wakes too")
+	} else {
+		fmt.Fprintln(d.stderr, "its first connect starts the server for the first time (initdb for new data): allow a few seconds; later wakes are much faster")
+	}
 	u := p.URL
 	if !o.showPassword {
 		if u, err = withoutPassword(u); err != nil {

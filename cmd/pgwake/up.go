@@ -59,7 +59,7 @@ already running); add --wait to return only once start-up is complete
 	f := cmd.Flags()
 	f.BoolVarP(&o.detach, "detach", "d", false, "run in the background")
 	f.BoolVar(&o.wait, "wait", false, "with -d: return once start-up is complete (declared projects created)")
-	f.DurationVar(&o.waitTimeout, "wait-timeout", 60*time.Second, "with -d: how long to wait for pgwake to serve")
+	f.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Minute, "with -d: how long to wait for pgwake to serve (with --wait: and for declared projects, image pulls included)")
 	var keys []string
 	for _, k := range config.Keys() {
 		if !slices.Contains(globalKeys, k.Name) {
