@@ -33,8 +33,12 @@ import (
 // psql) and docker inspect.
 
 const (
-	// cmdTimeout bounds one CLI invocation; a wake includes initdb.
-	cmdTimeout = 3 * time.Minute
+	// cmdTimeout bounds one CLI invocation or client connect. It exceeds
+	// what pgwake itself may take (a first start, initdb, is bounded by
+	// first_start_timeout, 5 min), so a test sees pgwake's answer rather
+	// than its own timeout: with the machine loaded (two suites and busy
+	// loops on two cores) a first start took up to 3m56s here.
+	cmdTimeout = 6 * time.Minute
 )
 
 var (

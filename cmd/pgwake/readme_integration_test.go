@@ -39,7 +39,7 @@ import (
 const readmeBlockTimeout = 12 * time.Minute
 
 // readmeTestCommand is the README's test command, which .ci/run runs too.
-const readmeTestCommand = "./scripts/setup && go test -race -count=1 -timeout 25m ./..."
+const readmeTestCommand = "./scripts/setup && go test -race -count=1 -timeout 40m ./..."
 
 // repoRoot is the repository this test is in: the package directory under
 // go test is cmd/pgwake.

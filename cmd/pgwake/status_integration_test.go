@@ -168,7 +168,7 @@ func TestIntegrationStatusTmux(t *testing.T) {
 	st.waitScreen("app sleeping", 30*time.Second, appRow("sleeping"))
 	st.tmux("send-keys", "-t", "status", "w")
 	// A first wake runs initdb.
-	s := st.waitScreen("app running after w", 3*time.Minute, appRow("running"))
+	s := st.waitScreen("app running after w", cmdTimeout, appRow("running"))
 	if !strings.Contains(s, "awake in") && !strings.Contains(s, "first start (initdb) in") {
 		t.Errorf("the detail pane does not show the wake event:\n%s", s)
 	}
