@@ -606,6 +606,28 @@ func noPortError(name string) error {
 	return fmt.Errorf("container %q runs without a published 5432 port on 127.0.0.1", name)
 }
 
+// pause freezes the container's cgroup. runc gives up freezing when the
+// processes keep changing state (seen on a loaded machine: "OCI runtime
+// pause failed: unable to freeze"), and leaves them running: that is
+// worth a few more tries.
+func (b *Backend) pause(ctx context.Context, id, name string) error {
+	var err error
+	for attempt, delay := 0, 50*time.Millisecond; attempt < 4; attempt, delay = attempt+1, delay*2 {
+		if _, err = b.cli.ContainerPause(ctx, id, client.ContainerPauseOptions{}); err == nil {
+			return nil
+		}
+		if !strings.Contains(err.Error(), "unable to freeze") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pause container %q: %w", name, err)
+		case <-time.After(delay):
+		}
+	}
+	return fmt.Errorf("pause container %q: %w", name, err)
+}
+
 // logTailLines is how much of a container's log an error shows.
 const logTailLines = 10
 
@@ -695,10 +717,7 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 		if paused {
 			return nil
 		}
-		if _, err := b.cli.ContainerPause(ctx, c.ID, client.ContainerPauseOptions{}); err != nil {
-			return fmt.Errorf("pause container %q: %w", name, err)
-		}
-		return nil
+		return b.pause(ctx, c.ID, name)
 	}
 	if err := b.stop(ctx, c.ID, paused); err != nil {
 		return fmt.Errorf("container %q: %w", name, err)

@@ -652,7 +652,7 @@ func (p *project) maybeSleep(force bool) {
 
 // sleepLocked moves a Running project to Stopping, unlocks, and calls the
 // backend. p.mu must be held; it is released.
-func (p *project) sleepLocked(mode backend.SleepMode) {
+func (p *project) sleepLocked(mode backend.SleepMode) error {
 	e := p.env
 	spec := p.cfg.Spec
 	done := make(chan struct{})
@@ -690,6 +690,7 @@ func (p *project) sleepLocked(mode backend.SleepMode) {
 		p.log.Info("project asleep", "waiting_clients", waiting)
 	}
 	p.notify()
+	return err
 }
 
 // sleepNow puts a running project to sleep unless clients are connected,
@@ -706,8 +707,9 @@ func (p *project) sleepNow(ctx context.Context) error {
 			p.mu.Unlock()
 			return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
 		case p.state == StateRunning:
-			p.sleepLocked(p.cfg.SleepMode)
-			return nil
+			// A failed sleep leaves it running (the sweep tries again);
+			// the caller is told.
+			return p.sleepLocked(p.cfg.SleepMode)
 		}
 		ch := p.inFlight()
 		p.mu.Unlock()

@@ -203,6 +203,11 @@ type holdSleep struct {
 	release chan struct{}
 }
 
+// WillInitialize passes the capability on: an embedded interface hides it.
+func (b *holdSleep) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	return backend.WillInitialize(ctx, b.Backend, spec)
+}
+
 func (b *holdSleep) Sleep(ctx context.Context, spec backend.Spec, mode backend.SleepMode) error {
 	select {
 	case b.entered <- struct{}{}:
@@ -444,6 +449,10 @@ func TestIntegrationServerDyingWhileWakingFailsFastWithItsReason(t *testing.T) {
 // noEvents hides the runtime's event stream: events can lag, and until one
 // arrives pgwake believes a crashed server still runs at its address.
 type noEvents struct{ backend.Backend }
+
+func (b noEvents) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	return backend.WillInitialize(ctx, b.Backend, spec)
+}
 
 func TestIntegrationReusedAddressNeverReachesAnotherProject(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, k kit) {
