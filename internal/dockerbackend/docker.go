@@ -529,17 +529,21 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpo
 			return backend.Endpoint{}, err
 		}
 	}
+	// This run's log begins after this call. Not at the earlier run's
+	// FinishedAt: that is when its process exited, and the engine stamps
+	// a log line when it reads it, which under load is later (seen: the
+	// earlier crash's last line shown as this run's).
+	startCalled := time.Now()
 	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
 		return backend.Endpoint{}, fmt.Errorf("start container %q: %w", name, err)
 	}
-	// Its log from an earlier run ends before that run finished.
 	since := ""
 	neverStarted := c == nil || c.ID != id || c.State == nil
 	if !neverStarted {
 		t, err := time.Parse(time.RFC3339Nano, c.State.StartedAt)
 		neverStarted = err != nil || t.IsZero() || t.Year() < 2
-		if t, err := time.Parse(time.RFC3339Nano, c.State.FinishedAt); err == nil && !t.IsZero() {
-			since = c.State.FinishedAt
+		if !neverStarted {
+			since = startCalled.UTC().Format(time.RFC3339Nano)
 		}
 	}
 	ep, err := b.endpointAfterStart(ctx, spec, id, since)
