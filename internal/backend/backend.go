@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 )
 
 // SleepMode says how a project sleeps.
@@ -192,4 +193,47 @@ func WillInitialize(ctx context.Context, b Backend, spec Spec) bool {
 // project.
 type Checker interface {
 	Check(ctx context.Context) error
+}
+
+// Record is a project as a runtime that keeps projects itself holds it:
+// its spec (credentials included) and the settings pgwake runs it with.
+type Record struct {
+	Spec       Spec
+	SleepAfter time.Duration
+	SleepMode  SleepMode
+	Pinned     bool
+	// Ephemeral is set for a project this pgwake instance created as
+	// ephemeral: its `down` removes it.
+	Ephemeral bool
+	CreatedAt time.Time
+	// Saved is set once the settings were saved (Save): a project seen
+	// before that is still being created.
+	Saved bool
+}
+
+// Catalog is implemented by backends whose runtime is the project store
+// (a Kubernetes namespace): every pgwake pointed at it sees the same
+// projects, passwords and settings, and adopts what it finds.
+type Catalog interface {
+	// Projects lists every project the runtime holds.
+	Projects(ctx context.Context) ([]Record, error)
+	// Save stores a project's settings with its server (after Ensure).
+	Save(ctx context.Context, rec Record) error
+	// Kept returns the credentials of data that Remove without volumes
+	// kept for a project of this name, if any.
+	Kept(ctx context.Context, project string) (Spec, bool, error)
+}
+
+// Describer is implemented by backends that can say in one line where
+// they work and how they reach servers ("namespace dev on https://...;
+// dials port-forward through the API server"), for logs and the API.
+type Describer interface {
+	Describe() string
+}
+
+// Phaser is implemented by backends whose servers pass through phases
+// worth showing while a project wakes (a Pod's "Pending:
+// ContainerCreating").
+type Phaser interface {
+	Phase(ctx context.Context, spec Spec) string
 }

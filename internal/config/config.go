@@ -24,6 +24,7 @@ import (
 	"github.com/adrg/xdg"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/proxy"
@@ -48,7 +49,7 @@ type Config struct {
 	AdminSocket           string        `yaml:"admin_socket" usage:"admin API unix socket (default <state_dir>/pgwake.sock)"`
 	AdminListen           string        `yaml:"admin_listen" usage:"also serve the admin API and /metrics on this TCP address (empty: socket only)"`
 	AdminToken            string        `yaml:"admin_token" secret:"true" usage:"bearer token the TCP admin API requires; mandatory beyond loopback"`
-	Backend               string        `yaml:"backend" usage:"where project servers run: auto, docker or local"`
+	Backend               string        `yaml:"backend" usage:"where project servers run: auto, docker, local or kubernetes (auto never picks kubernetes)"`
 	DockerHost            string        `yaml:"docker_host" usage:"Docker engine address (default DOCKER_HOST or the platform socket)"`
 	PGBin                 string        `yaml:"pg_bin" usage:"local backend: directory with postgres, initdb and pg_ctl (default: found on PATH, pg_config, /usr/lib/postgresql/N/bin)"`
 	Image                 string        `yaml:"image" usage:"default Postgres image for new projects"`
@@ -67,6 +68,7 @@ type Config struct {
 	LogFormat             string        `yaml:"log_format" usage:"text or json"`
 	Ephemeral             bool          `yaml:"ephemeral" usage:"new projects are ephemeral: removed with their data on down"`
 	TLS                   TLSConfig     `yaml:"tls"`
+	Kubernetes            KubeConfig    `yaml:"kubernetes"`
 
 	// Projects declares projects that `pgwake up` creates when missing. It
 	// is a list, so it lives in pgwake.yaml only (no variable or flag).
@@ -89,6 +91,18 @@ type TLSConfig struct {
 	// Upstream TLS: to project servers reached over a network.
 	Upstream   string `yaml:"upstream" usage:"TLS to project servers: off (default; loopback containers) or require"`
 	UpstreamCA string `yaml:"upstream_ca" usage:"with tls.upstream require: verify servers against this CA (PEM) instead of accepting any certificate"`
+}
+
+// KubeConfig is the kubernetes section: where the kubernetes backend keeps
+// projects. The connection follows kubectl's loading rules (KUBECONFIG,
+// ~/.kube/config, in-cluster config inside a pod); these keys override.
+type KubeConfig struct {
+	Kubeconfig   string `yaml:"kubeconfig" flag:"kubeconfig" usage:"kubernetes backend: kubeconfig file (default KUBECONFIG, ~/.kube/config, or in-cluster config)"`
+	Context      string `yaml:"context" flag:"context" usage:"kubernetes backend: kubeconfig context (default its current context)"`
+	Namespace    string `yaml:"namespace" flag:"namespace" usage:"kubernetes backend: namespace of the projects (default the context's, else default)"`
+	StorageClass string `yaml:"storage_class" flag:"storage-class" usage:"kubernetes backend: StorageClass of new projects' volumes (default the cluster's default class)"`
+	StorageSize  string `yaml:"storage_size" flag:"storage-size" usage:"kubernetes backend: size of new projects' volumes"`
+	Dial         string `yaml:"dial" usage:"kubernetes backend: how pgwake reaches servers: auto (Pod IP inside the cluster, else port-forward), pod-ip or port-forward"`
 }
 
 // TLSOn resolves tls.mode: auto turns TLS on whenever the proxy listens
@@ -121,6 +135,7 @@ func Default() Config {
 		Listen:                "127.0.0.1:6432",
 		Backend:               "auto",
 		TLS:                   TLSConfig{Mode: "auto", Upstream: "off"},
+		Kubernetes:            KubeConfig{StorageSize: "1Gi", Dial: "auto"},
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
@@ -579,11 +594,17 @@ func (c *Config) Validate() error {
 		errs = append(errs, field(errors.New("state_dir must be set"), "state_dir"))
 	}
 	switch c.Backend {
-	case "auto", "docker", "local":
-	case "kubernetes":
-		errs = append(errs, field(errors.New("backend: kubernetes is not supported yet; use auto, docker or local"), "backend"))
+	case "auto", "docker", "local", "kubernetes":
 	default:
-		errs = append(errs, field(fmt.Errorf("backend: %q is not auto, docker or local", c.Backend), "backend"))
+		errs = append(errs, field(fmt.Errorf("backend: %q is not auto, docker, local or kubernetes", c.Backend), "backend"))
+	}
+	switch c.Kubernetes.Dial {
+	case "auto", "pod-ip", "port-forward":
+	default:
+		errs = append(errs, field(fmt.Errorf("kubernetes.dial: %q is not auto, pod-ip or port-forward", c.Kubernetes.Dial), "kubernetes.dial"))
+	}
+	if _, err := resource.ParseQuantity(c.Kubernetes.StorageSize); err != nil || c.Kubernetes.StorageSize == "" {
+		errs = append(errs, field(fmt.Errorf("kubernetes.storage_size: %q is not a size like 1Gi", c.Kubernetes.StorageSize), "kubernetes.storage_size"))
 	}
 	if c.Image == "" {
 		errs = append(errs, field(errors.New("image must be set"), "image"))

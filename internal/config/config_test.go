@@ -66,13 +66,19 @@ func TestKeys(t *testing.T) {
 		}
 		seen[k.Name] = true
 		// Nested keys ("tls.mode") use underscores in variables and dashes
-		// in flags; tls.mode's flag is plain --tls.
+		// in flags; tls.mode's flag is plain --tls, and the kubernetes
+		// section's connection keys take kubectl's flag names.
 		if want := "PGWAKE_" + strings.ToUpper(strings.ReplaceAll(k.Name, ".", "_")); k.Env != want {
 			t.Errorf("key %q: env %q, want %q", k.Name, k.Env, want)
 		}
 		want := strings.NewReplacer("_", "-", ".", "-").Replace(k.Name)
-		if k.Name == "tls.mode" {
-			want = "tls"
+		kubectlFlags := map[string]string{
+			"tls.mode": "tls", "kubernetes.kubeconfig": "kubeconfig", "kubernetes.context": "context",
+			"kubernetes.namespace": "namespace", "kubernetes.storage_class": "storage-class",
+			"kubernetes.storage_size": "storage-size",
+		}
+		if f, ok := kubectlFlags[k.Name]; ok {
+			want = f
 		}
 		if k.Flag != want {
 			t.Errorf("key %q: flag %q, want %q", k.Name, k.Flag, want)

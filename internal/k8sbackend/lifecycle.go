@@ -1,0 +1,503 @@
+package k8sbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/pgwake/pgwake/internal/backend"
+)
+
+// broadcast tells waiters that some object of a project changed.
+type broadcast struct {
+	mu   sync.Mutex
+	ch   chan struct{}
+	subs map[chan<- backend.Event]struct{}
+}
+
+func newBroadcast() *broadcast {
+	return &broadcast{ch: make(chan struct{}), subs: map[chan<- backend.Event]struct{}{}}
+}
+
+// wait returns a channel closed at the next notify.
+func (c *broadcast) wait() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ch
+}
+
+func (c *broadcast) notify(ev backend.Event) {
+	c.mu.Lock()
+	close(c.ch)
+	c.ch = make(chan struct{})
+	subs := make([]chan<- backend.Event, 0, len(c.subs))
+	for s := range c.subs {
+		subs = append(subs, s)
+	}
+	c.mu.Unlock()
+	for _, s := range subs {
+		// The proxy calls Status on every event anyway; a full buffer
+		// drops this one, and the next change of the project covers it.
+		select {
+		case s <- ev:
+		default:
+		}
+	}
+}
+
+func labelsManaged() labels.Selector { return labels.SelectorFromSet(labels.Set{LabelManaged: "true"}) }
+
+// cachedState is a project's state as the caches hold it, for events.
+func (b *Backend) cachedState(project string) backend.State {
+	set, err := b.sets.Get(objectName(project))
+	if err != nil || !owned(set.Labels, project) {
+		return backend.StateMissing
+	}
+	pod := b.pod(project)
+	if pod == nil || pod.DeletionTimestamp != nil || ptr.Deref(set.Spec.Replicas, 0) == 0 {
+		return backend.StateStopped
+	}
+	if cs := postgresStatus(pod); cs == nil || cs.State.Running == nil || pod.Status.PodIP == "" {
+		return backend.StateStopped
+	}
+	return backend.StateRunning
+}
+
+// Status implements backend.Backend, from the informer caches: running
+// once the Pod's postgres container runs and has an address to dial.
+func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
+	set, err := b.statefulSet(ctx, spec.Name)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if set == nil {
+		return backend.Status{State: backend.StateMissing}, nil
+	}
+	pod := b.pod(spec.Name)
+	if pod == nil || pod.DeletionTimestamp != nil || ptr.Deref(set.Spec.Replicas, 0) == 0 {
+		st := backend.Status{State: backend.StateStopped}
+		if pod != nil {
+			st.Exit = exitReason(pod)
+		}
+		return st, nil
+	}
+	cs := postgresStatus(pod)
+	if cs == nil || cs.State.Running == nil || pod.Status.PodIP == "" {
+		return backend.Status{State: backend.StateStopped, Exit: exitReason(pod)}, nil
+	}
+	id := runID(pod, cs)
+	addr, err := b.address(ctx, spec.Name, pod, id)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	return backend.Status{State: backend.StateRunning, Addr: addr, ID: id}, nil
+}
+
+// runID identifies one run of the server: the Pod (a new Pod has a new
+// UID) and its container's start (a restart in place has a new one).
+func runID(pod *corev1.Pod, cs *corev1.ContainerStatus) string {
+	return fmt.Sprintf("%s@%s#%d", pod.UID, cs.State.Running.StartedAt.UTC().Format(time.RFC3339Nano), cs.RestartCount)
+}
+
+func postgresStatus(pod *corev1.Pod) *corev1.ContainerStatus {
+	for i := range pod.Status.ContainerStatuses {
+		if pod.Status.ContainerStatuses[i].Name == "postgres" {
+			return &pod.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// exitReason says why the Pod's server does not run, as the kubelet
+// reports it, or "" when nothing went wrong (pending, stopping).
+func exitReason(pod *corev1.Pod) string {
+	cs := postgresStatus(pod)
+	if cs == nil {
+		return ""
+	}
+	last := cs.LastTerminationState.Terminated
+	if t := cs.State.Terminated; t != nil {
+		last = t
+	}
+	var parts []string
+	if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+		parts = append(parts, w.Reason)
+		if w.Message != "" {
+			parts[0] += ": " + w.Message
+		}
+	}
+	if last != nil && (cs.State.Waiting != nil || cs.State.Terminated != nil) {
+		r := fmt.Sprintf("exited with code %d", last.ExitCode)
+		if last.Signal != 0 {
+			r = fmt.Sprintf("killed by signal %d", last.Signal)
+		}
+		if last.Reason != "" && last.Reason != "Error" && last.Reason != "Completed" {
+			r += " (" + last.Reason + ")"
+		}
+		parts = append(parts, r)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// failedStart is the Pod's state when its server cannot start without
+// help: an image that cannot be pulled, a config that cannot be built, a
+// crash loop. "" while it may still come up.
+func failedStart(pod *corev1.Pod, image string) string {
+	cs := postgresStatus(pod)
+	if cs == nil {
+		return ""
+	}
+	if w := cs.State.Waiting; w != nil {
+		switch w.Reason {
+		case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull":
+			return fmt.Sprintf("image %q cannot be pulled (%s: %s); set the image key or --image to one the cluster can pull", image, w.Reason, w.Message)
+		case "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+			return fmt.Sprintf("the kubelet cannot run the container (%s: %s)", w.Reason, w.Message)
+		case "CrashLoopBackOff":
+			return "crash loop: " + exitReason(pod)
+		}
+	}
+	if cs.State.Terminated != nil || (cs.RestartCount > 0 && cs.State.Running == nil) {
+		return exitReason(pod)
+	}
+	return ""
+}
+
+// Phase implements backend.Phaser: the Pod's phase and what it waits
+// for, shown while a project wakes ("Pending: ContainerCreating").
+func (b *Backend) Phase(ctx context.Context, spec backend.Spec) string {
+	pod := b.pod(spec.Name)
+	if pod == nil {
+		if set, _ := b.statefulSet(ctx, spec.Name); set != nil && ptr.Deref(set.Spec.Replicas, 0) > 0 {
+			if msg := b.pvcPending(ctx, spec.Name); msg != "" {
+				return "no Pod: " + msg
+			}
+			return "no Pod yet"
+		}
+		return ""
+	}
+	phase := string(pod.Status.Phase)
+	if pod.DeletionTimestamp != nil {
+		return "Terminating"
+	}
+	if cs := postgresStatus(pod); cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
+		return phase + ": " + cs.State.Waiting.Reason
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue && c.Reason != "" {
+			return phase + ": " + c.Reason
+		}
+	}
+	if phase == string(corev1.PodRunning) && !podReady(pod) {
+		return "Running: not Ready"
+	}
+	return phase
+}
+
+// pvcPending describes the project's PVC when it is not bound.
+func (b *Backend) pvcPending(ctx context.Context, project string) string {
+	pvc, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, pvcName(project), metav1.GetOptions{})
+	if err != nil || pvc.Status.Phase == corev1.ClaimBound {
+		return ""
+	}
+	class := "the default StorageClass"
+	if pvc.Spec.StorageClassName != nil {
+		class = "StorageClass " + *pvc.Spec.StorageClassName
+	}
+	return fmt.Sprintf("PVC %s is %s (%s)", pvc.Name, pvc.Status.Phase, class)
+}
+
+// WillInitialize implements backend.Initializer: a project without its
+// PVC gets a new, empty volume, and its first start runs initdb.
+func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	_, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, pvcName(spec.Name), metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
+}
+
+// Start implements backend.Backend: it scales the StatefulSet to 1
+// through the scale subresource and waits for the Pod's Ready condition,
+// failing at once on what will not heal by waiting (an image that cannot
+// be pulled, a crash loop). A PVC that stays unbound until ctx ends is
+// named with its StorageClass.
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
+	set, err := b.statefulSet(ctx, spec.Name)
+	if err != nil {
+		return backend.Endpoint{}, err
+	}
+	if set == nil {
+		if set, err = b.ensure(ctx, spec); err != nil {
+			return backend.Endpoint{}, err
+		}
+	} else if img := set.Spec.Template.Spec.Containers[0].Image; spec.Image != "" && img != spec.Image {
+		if set, err = b.ensure(ctx, spec); err != nil {
+			return backend.Endpoint{}, err
+		}
+	}
+	first := b.WillInitialize(ctx, spec)
+	if ptr.Deref(set.Spec.Replicas, 0) != 1 {
+		scale := &autoscalingv1.Scale{
+			ObjectMeta: metav1.ObjectMeta{Name: set.Name, Namespace: b.ns},
+			Spec:       autoscalingv1.ScaleSpec{Replicas: 1},
+		}
+		if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, set.Name, scale, metav1.UpdateOptions{}); err != nil {
+			return backend.Endpoint{}, b.apiErr(err, "scale statefulset "+set.Name+" to 1")
+		}
+	}
+	image := set.Spec.Template.Spec.Containers[0].Image
+	for {
+		changed := b.changed.wait()
+		pod := b.pod(spec.Name)
+		if pod != nil && pod.DeletionTimestamp == nil {
+			if msg := failedStart(pod, image); msg != "" {
+				return backend.Endpoint{}, fmt.Errorf("pod %s: %s", pod.Name, msg)
+			}
+			if cs := postgresStatus(pod); podReady(pod) && cs != nil && cs.State.Running != nil && pod.Status.PodIP != "" {
+				id := runID(pod, cs)
+				addr, err := b.address(ctx, spec.Name, pod, id)
+				if err != nil {
+					return backend.Endpoint{}, err
+				}
+				return backend.Endpoint{Addr: addr, ID: id, First: first}, nil
+			}
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second):
+			// Informers deliver every change; this only bounds how long a
+			// missed one could hold a wake.
+		case <-ctx.Done():
+			return backend.Endpoint{}, b.notReady(spec.Name, pod, ctx.Err())
+		}
+	}
+}
+
+// notReady explains a wake that ran out of time.
+func (b *Backend) notReady(project string, pod *corev1.Pod, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if msg := b.pvcPending(ctx, project); msg != "" {
+		return fmt.Errorf("%s for longer than the wake timeout: the cluster provides no volume (check the StorageClass exists and has a provisioner; kubectl describe pvc %s): %w", msg, pvcName(project), cause)
+	}
+	if pod == nil {
+		return fmt.Errorf("pod %s was not created (kubectl describe statefulset %s): %w", podName(project), objectName(project), cause)
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
+			return fmt.Errorf("pod %s is not scheduled (%s: %s): %w", pod.Name, c.Reason, c.Message, cause)
+		}
+	}
+	return fmt.Errorf("pod %s did not become Ready (%s): %w", pod.Name, b.Phase(ctx, backend.Spec{Name: project}), cause)
+}
+
+// Sleep implements backend.Backend: scale to 0, then wait until the Pod
+// is gone (the kubelet sends the image's stop signal, SIGINT for the
+// official image: a fast shutdown). Pause is refused.
+func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.SleepMode) error {
+	if mode == backend.SleepPause {
+		return errors.New("the kubernetes backend cannot pause a server (the Kubernetes API has no freezer); use sleep mode stop")
+	}
+	set, err := b.statefulSet(ctx, spec.Name)
+	if err != nil || set == nil {
+		return err
+	}
+	b.dropForward(spec.Name)
+	if ptr.Deref(set.Spec.Replicas, 0) != 0 {
+		scale := &autoscalingv1.Scale{
+			ObjectMeta: metav1.ObjectMeta{Name: set.Name, Namespace: b.ns},
+			Spec:       autoscalingv1.ScaleSpec{Replicas: 0},
+		}
+		if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, set.Name, scale, metav1.UpdateOptions{}); err != nil {
+			return b.apiErr(err, "scale statefulset "+set.Name+" to 0")
+		}
+	}
+	return b.waitNoPods(ctx, spec.Name)
+}
+
+// waitNoPods waits until the project has no Pod left.
+func (b *Backend) waitNoPods(ctx context.Context, project string) error {
+	for {
+		changed := b.changed.wait()
+		if len(b.projectPods(project)) == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s still terminating: %w", podName(project), ctx.Err())
+		}
+	}
+}
+
+// Remove implements backend.Backend. The StatefulSet goes (its Service
+// with it, by owner reference). Without volumes the data stays: the
+// Secret is detached and marked kept, so a project created again under
+// the name takes its password, and the PVC stays. With volumes the PVC
+// and the Secret go too.
+func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) error {
+	set, err := b.statefulSet(ctx, spec.Name)
+	if err != nil {
+		return err
+	}
+	name := objectName(spec.Name)
+	b.dropForward(spec.Name)
+	if !volumes && set != nil && ptr.Deref(set.Spec.Replicas, 0) > 0 {
+		// Shut down cleanly before the StatefulSet goes: the data stays.
+		if err := b.Sleep(ctx, spec, backend.SleepStop); err != nil {
+			return err
+		}
+	}
+	sec, err := b.cs.CoreV1().Secrets(b.ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		sec = nil
+	case err != nil:
+		return b.apiErr(err, "read secret "+name)
+	case !owned(sec.Labels, spec.Name):
+		sec = nil // somebody else's: left alone
+	}
+	if !volumes && sec != nil {
+		upd := sec.DeepCopy()
+		upd.Labels[LabelKept] = "true"
+		upd.OwnerReferences = nil
+		if _, err := b.cs.CoreV1().Secrets(b.ns).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			return b.apiErr(err, "keep secret "+name)
+		}
+	}
+	if set != nil {
+		err := b.cs.AppsV1().StatefulSets(b.ns).Delete(ctx, name, metav1.DeleteOptions{
+			PropagationPolicy: ptr.To(metav1.DeletePropagationBackground),
+		})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return b.apiErr(err, "delete statefulset "+name)
+		}
+	}
+	if !volumes {
+		return nil
+	}
+	return b.removeData(ctx, labels.Set(b.labels(spec.Name)).String())
+}
+
+// removeData deletes pgwake's Pods, PVCs and Secrets matching selector:
+// the data of removed projects.
+func (b *Backend) removeData(ctx context.Context, selector string) error {
+	opts := metav1.ListOptions{LabelSelector: selector}
+	// Pods first, at once: the data is going anyway, and a PVC in use is
+	// not deleted before its Pod is.
+	if err := b.cs.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, opts); err != nil && !apierrors.IsNotFound(err) {
+		return b.apiErr(err, "delete pods")
+	}
+	if err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, opts); err != nil && !apierrors.IsNotFound(err) {
+		return b.apiErr(err, "delete persistentvolumeclaims")
+	}
+	if err := b.cs.CoreV1().Secrets(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, opts); err != nil && !apierrors.IsNotFound(err) {
+		return b.apiErr(err, "delete secrets")
+	}
+	return nil
+}
+
+// RemoveAll implements backend.Sweeper: every project of the namespace
+// with pgwake's labels goes, with its data when volumes is set. The
+// namespace is the store that pgwakes share, so this is every pgwake's
+// projects there; nothing without the labels is touched.
+func (b *Backend) RemoveAll(ctx context.Context, volumes bool) error {
+	sel := LabelManaged + "=true"
+	sets, err := b.cs.AppsV1().StatefulSets(b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return b.apiErr(err, "list statefulsets")
+	}
+	var errs []error
+	for _, s := range sets.Items {
+		if p := s.Labels[LabelProject]; p != "" {
+			if err := b.Remove(ctx, backend.Spec{Name: p}, volumes); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if volumes {
+		errs = append(errs, b.removeData(ctx, sel))
+		// Services have no delete-collection verb.
+		svcs, err := b.cs.CoreV1().Services(b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			errs = append(errs, b.apiErr(err, "list services"))
+		} else {
+			for _, s := range svcs.Items {
+				if err := b.cs.CoreV1().Services(b.ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					errs = append(errs, b.apiErr(err, "delete service "+s.Name))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Logs implements backend.Logger: the Pod's log through the API server.
+// A Pod whose container restarted shows the previous run's log when the
+// current one has none yet (a crash loop's reason is there).
+func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (io.ReadCloser, error) {
+	pod := b.pod(spec.Name)
+	if pod == nil {
+		return nil, fmt.Errorf("project %q has no Pod (it sleeps; its log went with its Pod): %w", spec.Name, backend.ErrNotFound)
+	}
+	opts := &corev1.PodLogOptions{Container: "postgres", Follow: follow}
+	if tail > 0 {
+		opts.TailLines = ptr.To(int64(tail))
+	}
+	if cs := postgresStatus(pod); cs != nil && cs.State.Running == nil && cs.RestartCount > 0 && !follow {
+		opts.Previous = true
+	}
+	rc, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts).Stream(ctx)
+	if err != nil {
+		return nil, b.apiErr(err, "logs of pod "+pod.Name)
+	}
+	return rc, nil
+}
+
+// Watch implements backend.Watcher: every change to a project's
+// StatefulSet, Pod or Secret, from the informers, made by this pgwake,
+// another one or by hand. The proxy asks Status for what it means. The
+// channel closes when ctx ends.
+func (b *Backend) Watch(ctx context.Context) <-chan backend.Event {
+	out := make(chan backend.Event, 64)
+	b.changed.mu.Lock()
+	b.changed.subs[out] = struct{}{}
+	b.changed.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		b.changed.mu.Lock()
+		delete(b.changed.subs, out)
+		b.changed.mu.Unlock()
+		close(out)
+	}()
+	return out
+}
+
+// address is where the proxy dials the Pod: its IP, or a port-forward
+// kept open for this run of the server.
+func (b *Backend) address(ctx context.Context, project string, pod *corev1.Pod, id string) (string, error) {
+	if b.dial == DialPodIP {
+		return net.JoinHostPort(pod.Status.PodIP, "5432"), nil
+	}
+	return b.forwardFor(ctx, project, pod.Name, id)
+}
