@@ -38,25 +38,32 @@ type BackendInfo struct {
 	// clients get this error until it can.
 	Error    string `json:"error,omitempty"`
 	Projects int    `json:"projects"`
+	// Detail says where the backend works and how pgwake reaches its
+	// servers (Kubernetes: namespace, API server, Pod IP or port-forward).
+	Detail string `json:"detail,omitempty"`
 }
 
 // Project is one project as the API shows it. Durations are milliseconds.
 type Project struct {
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Active       int       `json:"active"` // open connections, queued ones included
-	Queued       int       `json:"queued"` // parked, waiting for a wake
-	Pinned       bool      `json:"pinned"`
-	Image        string    `json:"image"`
-	SleepAfterMS int64     `json:"sleep_after_ms"`
-	SleepMode    string    `json:"sleep_mode"`
-	Wakes        int       `json:"wakes"`
-	WakeFailures int       `json:"wake_failures"`
-	LastWakeMS   float64   `json:"last_wake_ms"`
-	P50WakeMS    float64   `json:"p50_wake_ms"`
-	P95WakeMS    float64   `json:"p95_wake_ms"`
-	MaxWakeMS    float64   `json:"max_wake_ms"`
-	LastError    string    `json:"last_error,omitempty"`
+	Name         string  `json:"name"`
+	State        string  `json:"state"`
+	Active       int     `json:"active"` // open connections, queued ones included
+	Queued       int     `json:"queued"` // parked, waiting for a wake
+	Pinned       bool    `json:"pinned"`
+	Image        string  `json:"image"`
+	SleepAfterMS int64   `json:"sleep_after_ms"`
+	SleepMode    string  `json:"sleep_mode"`
+	Wakes        int     `json:"wakes"`
+	WakeFailures int     `json:"wake_failures"`
+	LastWakeMS   float64 `json:"last_wake_ms"`
+	P50WakeMS    float64 `json:"p50_wake_ms"`
+	P95WakeMS    float64 `json:"p95_wake_ms"`
+	MaxWakeMS    float64 `json:"max_wake_ms"`
+	LastError    string  `json:"last_error,omitempty"`
+	// Phase is what the server passes through while the project wakes,
+	// where the backend has phases (a Kubernetes Pod's "Pending:
+	// ContainerCreating").
+	Phase        string    `json:"phase,omitempty"`
 	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
 	RetryAt      time.Time `json:"retry_at,omitzero"`
 	IdleMS       int64     `json:"idle_ms"`

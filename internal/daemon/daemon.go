@@ -75,6 +75,11 @@ type Daemon struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// busy holds the names a create, remove or catalog sync acts on.
+	busyMu   sync.Mutex
+	busy     map[string]bool
+	syncDone chan struct{} // closed when the catalog sync loop ends
+
 	shutdownOnce    sync.Once
 	shutdownCh      chan struct{}
 	shutdownVolumes bool // written before shutdownCh is closed
@@ -223,6 +228,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	d.cleanups = append(d.cleanups, func() { d.ln.Close() })
 	d.cleanups = append(d.cleanups, d.closeProjectPorts)
 	d.openProjectPorts()
+	// Backends that keep projects themselves (a Kubernetes namespace):
+	// what is there is what this pgwake serves.
+	d.syncCatalogsOnce(ctx)
 	if err := d.serveAdmin(); err != nil {
 		return nil, err
 	}
@@ -378,6 +386,11 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 	d.serveDone = make(chan error, 1)
 	go func() { d.serveDone <- d.srv.Serve(d.serveCtx, d.ln) }()
+	d.syncDone = make(chan struct{})
+	go func() {
+		defer close(d.syncDone)
+		d.syncCatalogs(d.serveCtx)
+	}()
 	d.portMu.Lock()
 	d.accepting = true
 	for name, ln := range d.portLns {
@@ -441,6 +454,9 @@ func (d *Daemon) close() error {
 	d.closeProjectPorts()
 	if d.serveDone != nil {
 		<-d.serveDone
+	}
+	if d.syncDone != nil {
+		<-d.syncDone
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer rcancel()
@@ -521,7 +537,7 @@ func (d *Daemon) Info() admin.Info {
 	}
 	var bs []admin.BackendInfo
 	for _, name := range slices.Sorted(maps.Keys(d.backends)) {
-		bi := admin.BackendInfo{Name: name, Projects: count[name]}
+		bi := admin.BackendInfo{Name: name, Projects: count[name], Detail: d.backends[name].Describe()}
 		if ok, err := d.backends[name].available(); !ok {
 			bi.Error = err.Error()
 		}
@@ -558,6 +574,11 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	}
 	for _, e := range st.Events {
 		out.Events = append(out.Events, admin.Event{At: e.At, Msg: e.Msg})
+	}
+	if st.State == proxy.StateWaking {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		out.Phase = d.backendOf(p).Phase(ctx, spec(p))
+		cancel()
 	}
 	if out.State == string(proxy.StateSleeping) && !st.RetryAt.IsZero() {
 		out.State = "error" // backing off after failed wakes
@@ -650,6 +671,33 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if _, err := d.store.Get(p.Name); err == nil {
 		return admin.Project{}, admin.Conflict(fmt.Errorf("%w: %q", state.ErrExists, p.Name))
 	}
+	if !d.claimName(p.Name) {
+		return admin.Project{}, admin.Conflict(fmt.Errorf("project %q is being created or removed right now", p.Name))
+	}
+	defer d.releaseName(p.Name)
+	cat := be.catalog(ctx)
+	keptData := false
+	if cat != nil {
+		// The backend is the store: a project of this name made by
+		// another pgwake exists, and data kept by `rm` comes with its
+		// credentials.
+		recs, err := cat.Projects(ctx)
+		if err != nil {
+			return admin.Project{}, apiErr(err)
+		}
+		for _, r := range recs {
+			if r.Spec.Name == p.Name {
+				return admin.Project{}, admin.Conflict(fmt.Errorf("%w: %q (on %s, made by another pgwake)", state.ErrExists, p.Name, be.Name()))
+			}
+		}
+		kept, ok, err := cat.Kept(ctx, p.Name)
+		if err != nil {
+			return admin.Project{}, apiErr(err)
+		}
+		if ok {
+			p.User, p.Password, p.Database, keptData = kept.User, kept.Password, kept.Database, true
+		}
+	}
 	ln, err := d.claimPort(&p)
 	if err != nil {
 		return admin.Project{}, admin.Conflict(err)
@@ -662,6 +710,7 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		}
 		return admin.Project{}, apiErr(err)
 	}
+	reused = reused || keptData
 	// Data that exists before Ensure is never removed by a rollback: kept
 	// data this project reuses, or a server of this instance already there
 	// (what the backend cannot tell us about, it keeps).
@@ -692,6 +741,12 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		rollback(err)
 		return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
 	}
+	if cat != nil {
+		if err := cat.Save(ctx, record(p)); err != nil {
+			rollback(err)
+			return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
+		}
+	}
 	if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
 		rollback(err)
 		return admin.Project{}, apiErr(err)
@@ -710,6 +765,10 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err != nil {
 		return apiErr(err)
 	}
+	if !d.claimName(name) {
+		return admin.Conflict(fmt.Errorf("project %q is being created or removed right now", name))
+	}
+	defer d.releaseName(name)
 	if err := d.srv.RemoveProject(name); err != nil && !errors.Is(err, proxy.ErrNoProject) {
 		return err
 	}
@@ -744,6 +803,17 @@ func (d *Daemon) Sleep(ctx context.Context, name string) error {
 func (d *Daemon) Pin(name string, pinned bool) error {
 	if err := d.store.Update(name, func(p *state.Project) { p.Pinned = pinned }); err != nil {
 		return apiErr(err)
+	}
+	if p, err := d.store.Get(name); err == nil {
+		if cat := d.backendOf(p).catalog(context.Background()); cat != nil {
+			// Other pgwakes of the namespace see the pin too.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := cat.Save(ctx, record(p))
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
 	}
 	return apiErr(d.srv.SetPinned(name, pinned))
 }

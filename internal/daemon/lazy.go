@@ -44,6 +44,8 @@ var (
 	_ backend.Sweeper        = (*lazyBackend)(nil)
 	_ backend.PauseSupporter = (*lazyBackend)(nil)
 	_ backend.Initializer    = (*lazyBackend)(nil)
+	_ backend.Describer      = (*lazyBackend)(nil)
+	_ backend.Phaser         = (*lazyBackend)(nil)
 )
 
 // connectTimeout bounds one attempt to connect a backend (the Docker
@@ -269,7 +271,11 @@ func (l *lazyBackend) SupportsPause() bool {
 	l.mu.Lock()
 	be := l.be
 	l.mu.Unlock()
-	return be == nil || backend.CanPause(be)
+	if be == nil {
+		// Known without connecting: the Kubernetes API has no freezer.
+		return l.name != "kubernetes"
+	}
+	return backend.CanPause(be)
 }
 
 // WillInitialize implements backend.Initializer.
@@ -289,4 +295,38 @@ func (l *lazyBackend) RemoveAll(ctx context.Context, volumes bool) error {
 		return sw.RemoveAll(ctx, volumes)
 	}
 	return nil
+}
+
+// catalog returns the connected backend as a backend.Catalog, or nil when
+// it does not keep projects (or is not connected).
+func (l *lazyBackend) catalog(ctx context.Context) backend.Catalog {
+	be, err := l.get(ctx)
+	if err != nil {
+		return nil
+	}
+	c, _ := be.(backend.Catalog)
+	return c
+}
+
+// Describe implements backend.Describer ("" when the backend has nothing
+// to add or is not connected).
+func (l *lazyBackend) Describe() string {
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
+	if d, ok := be.(backend.Describer); ok {
+		return d.Describe()
+	}
+	return ""
+}
+
+// Phase implements backend.Phaser.
+func (l *lazyBackend) Phase(ctx context.Context, spec backend.Spec) string {
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
+	if p, ok := be.(backend.Phaser); ok {
+		return p.Phase(ctx, spec)
+	}
+	return ""
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/dockerbackend"
+	"github.com/pgwake/pgwake/internal/k8sbackend"
 	"github.com/pgwake/pgwake/internal/localbackend"
 )
 
@@ -29,12 +30,20 @@ func ConnectBackend(ctx context.Context, name string, cfg config.Config, instanc
 		return dockerbackend.New(ctx, dockerbackend.Options{Host: cfg.DockerHost, Instance: instance, Logger: log})
 	case "local":
 		return newLocal(ctx, cfg, instance, log)
+	case "kubernetes":
+		k := cfg.Kubernetes
+		return k8sbackend.New(ctx, k8sbackend.Options{
+			Kubeconfig: k.Kubeconfig, Context: k.Context, Namespace: k.Namespace,
+			StorageClass: k.StorageClass, StorageSize: k.StorageSize, Dial: k.Dial,
+			Instance: instance, Logger: log,
+		})
 	}
-	return nil, fmt.Errorf("unknown backend %q (this pgwake knows docker and local)", name)
+	return nil, fmt.Errorf("unknown backend %q (this pgwake knows docker, local and kubernetes)", name)
 }
 
 // SelectBackend connects the configured backend. With "auto" it takes
-// Docker when an engine answers, else local PostgreSQL binaries when found.
+// Docker when an engine answers, else local PostgreSQL binaries when found;
+// never Kubernetes, which a user names.
 // reason says which was chosen and why, for the user. The daemon lets auto
 // choose only for a state dir without projects: see New.
 func SelectBackend(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (be backend.Backend, reason string, err error) {

@@ -25,6 +25,9 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if p.LastError != "" && !p.RetryAt.IsZero() {
 			state += " (backing off)"
 		}
+		if p.Phase != "" {
+			state += " (" + p.Phase + ")"
+		}
 		sleeps := "-"
 		if countingDown(p) {
 			sleeps = formatCountdown(time.Duration(p.SleepsInMS) * time.Millisecond)

@@ -308,6 +308,9 @@ func (m Model) projectLines(e entry) []string {
 
 	var meta []string
 	meta = append(meta, m.styles.state(p.State))
+	if p.Phase != "" {
+		meta = append(meta, p.Phase)
+	}
 	if p.Pinned {
 		meta = append(meta, "pinned")
 	}
