@@ -26,6 +26,7 @@ import (
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/dockerbackend"
 	"github.com/pgwake/pgwake/internal/testenv"
+	"github.com/pgwake/pgwake/internal/testenv/kubeenv"
 )
 
 // The integration tests drive a real pgwake binary against a real Docker
@@ -57,6 +58,7 @@ func TestMain(m *testing.M) {
 		os.Exit(3)
 	}
 	code := m.Run()
+	kubeenv.StopShared()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
 	}

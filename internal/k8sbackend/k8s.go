@@ -101,6 +101,11 @@ type Options struct {
 	// an instance's.
 	Instance string
 	Logger   *slog.Logger
+	// Trace, if set, is told how long each step of a wake took: "scale"
+	// (the scale call), "ready" (until the Pod was Ready) and "dial" (the
+	// port-forward opened, or nothing for the Pod IP). They are logged at
+	// debug level too.
+	Trace func(project, step string, took time.Duration)
 
 	// Config and Client replace the kubeconfig loading (tests inject a
 	// client for their API server). Namespace must be set with them.
@@ -120,6 +125,7 @@ type Backend struct {
 	class     string
 	instance  string
 	log       *slog.Logger
+	trace     func(project, step string, took time.Duration)
 	factory   informers.SharedInformerFactory
 	sets      appslisters.StatefulSetNamespaceLister
 	pods      corelisters.PodNamespaceLister
@@ -165,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	b := &Backend{
 		cs: opts.Client, cfg: opts.Config, ns: opts.Namespace, class: opts.StorageClass,
-		instance: opts.Instance, log: log, forwards: map[string]*forward{}, changed: newBroadcast(),
+		instance: opts.Instance, log: log, forwards: map[string]*forward{}, changed: newBroadcast(), trace: opts.Trace,
 	}
 	inCluster := false
 	if b.cs == nil {
@@ -243,6 +249,18 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 			return nil, b.apiErr(err, "read namespace "+b.ns)
 		}
 	}
+	// What pgwake reads all the time, checked once here so that missing
+	// RBAC is one clear line now rather than a cache that never fills.
+	sel := metav1.ListOptions{LabelSelector: LabelManaged + "=true", Limit: 1}
+	if _, err := b.cs.AppsV1().StatefulSets(b.ns).List(cctx, sel); err != nil {
+		return nil, b.apiErr(err, "list statefulsets")
+	}
+	if _, err := b.cs.CoreV1().Pods(b.ns).List(cctx, sel); err != nil {
+		return nil, b.apiErr(err, "list pods")
+	}
+	if _, err := b.cs.CoreV1().Secrets(b.ns).List(cctx, sel); err != nil {
+		return nil, b.apiErr(err, "list secrets")
+	}
 	if err := b.startInformers(ctx); err != nil {
 		return nil, err
 	}
@@ -285,17 +303,6 @@ func (b *Backend) startInformers(ctx context.Context) error {
 		if !ok {
 			stop()
 			b.factory.Shutdown()
-			// The usual reason is RBAC: say which list failed.
-			_, err := b.cs.AppsV1().StatefulSets(b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
-			if err == nil {
-				_, err = b.cs.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
-			}
-			if err == nil {
-				_, err = b.cs.CoreV1().Secrets(b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
-			}
-			if err != nil {
-				return b.apiErr(err, "list pgwake's objects")
-			}
 			return fmt.Errorf("kubernetes: the %v cache did not fill within 30s", typ)
 		}
 	}
@@ -311,6 +318,17 @@ func (b *Backend) objectChanged(obj any) {
 	if p := m.GetLabels()[LabelProject]; p != "" {
 		b.changed.notify(backend.Event{Project: p, State: b.cachedState(p)})
 	}
+}
+
+// step records how long one step of a wake took.
+func (b *Backend) step(project, step string, since time.Time) time.Time {
+	now := time.Now()
+	took := now.Sub(since)
+	b.log.Debug("wake step", "project", project, "step", step, "took", took)
+	if b.trace != nil {
+		b.trace(project, step, took)
+	}
+	return now
 }
 
 // Name implements backend.Backend.

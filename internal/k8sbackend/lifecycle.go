@@ -255,6 +255,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		}
 	}
 	first := b.WillInitialize(ctx, spec)
+	t := time.Now()
 	if ptr.Deref(set.Spec.Replicas, 0) != 1 {
 		scale := &autoscalingv1.Scale{
 			ObjectMeta: metav1.ObjectMeta{Name: set.Name, Namespace: b.ns},
@@ -264,6 +265,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 			return backend.Endpoint{}, b.apiErr(err, "scale statefulset "+set.Name+" to 1")
 		}
 	}
+	t = b.step(spec.Name, "scale", t)
 	image := set.Spec.Template.Spec.Containers[0].Image
 	for {
 		changed := b.changed.wait()
@@ -274,10 +276,12 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 			}
 			if cs := postgresStatus(pod); podReady(pod) && cs != nil && cs.State.Running != nil && pod.Status.PodIP != "" {
 				id := runID(pod, cs)
+				t = b.step(spec.Name, "ready", t)
 				addr, err := b.address(ctx, spec.Name, pod, id)
 				if err != nil {
 					return backend.Endpoint{}, err
 				}
+				b.step(spec.Name, "dial", t)
 				return backend.Endpoint{Addr: addr, ID: id, First: first}, nil
 			}
 		}

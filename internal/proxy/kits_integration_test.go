@@ -55,7 +55,8 @@ type kit interface {
 
 // backendsEnv selects the kits (comma-separated); the default is docker.
 // TestIntegrationLocalSuiteWithoutDocker runs the suite again with "local"
-// and no reachable Docker engine.
+// and no reachable Docker engine, TestIntegrationKubernetesSuite with
+// "kubernetes".
 const backendsEnv = "PGWAKE_TEST_BACKENDS"
 
 func kits() []kit {
@@ -70,6 +71,8 @@ func kits() []kit {
 			out = append(out, &dockerKit{})
 		case "local":
 			out = append(out, &localKit{})
+		case "kubernetes":
+			out = append(out, &kubeKit{})
 		}
 	}
 	return out
@@ -332,4 +335,34 @@ func TestIntegrationLocalSuiteWithoutDocker(t *testing.T) {
 		t.Fatalf("only %d local subtests passed; output:\n%s", passed, out)
 	}
 	t.Logf("%d shared-suite tests passed on the local backend without Docker", passed)
+}
+
+// TestIntegrationKubernetesSuite runs the whole shared suite again on the
+// kubernetes backend, in a child test process, against a real control
+// plane with a simulated node (see kubeKit).
+func TestIntegrationKubernetesSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test; skipped with -short")
+	}
+	if os.Getenv(backendsEnv) != "" {
+		t.Skip("already a backend-selected run")
+	}
+	t.Parallel()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestIntegration", "-test.v", "-test.count=1",
+		"-test.skip=^(TestIntegrationLocalSuiteWithoutDocker|TestIntegrationKubernetesSuite)$")
+	cmd.Env = append(os.Environ(), backendsEnv+"=kubernetes")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("shared suite on the kubernetes backend failed: %v\n%s", err, out)
+	}
+	passed := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "--- PASS: TestIntegration") && strings.Contains(line, "/kubernetes") {
+			passed++
+		}
+	}
+	if passed < 8 {
+		t.Fatalf("only %d kubernetes subtests passed; output:\n%s", passed, out)
+	}
+	t.Logf("%d shared-suite tests passed on the kubernetes backend", passed)
 }
