@@ -23,9 +23,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pgwake/pgwake/internal/backend"
 	"github.com/pgwake/pgwake/internal/k8sbackend"
@@ -482,5 +484,68 @@ func TestIntegrationCatalogSharedByTwoBackends(t *testing.T) {
 			t.Fatalf("the other backend sees %+v", st)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestIntegrationDocumentedRBACSuffices runs a project's whole life as a
+// user that holds the Role in examples/kubernetes-rbac.yaml and nothing
+// else: what the README tells users to grant is enough.
+func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
+	t.Parallel()
+	env := kubeenv.Shared(t)
+	ns := env.NewNamespace(t)
+	ctx := t.Context()
+	data, err := os.ReadFile("../../examples/kubernetes-rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.Role
+	if err := yaml.UnmarshalStrict(data, &role); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.RbacV1().Roles(ns).Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pgwake"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: kubeenv.Limited}},
+	}
+	if _, err := env.Client.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	be, err := k8sbackend.New(ctx, k8sbackend.Options{Kubeconfig: env.KubeconfigFor(t, kubeenv.Limited), Namespace: ns, Dial: k8sbackend.DialPortForward})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	s := spec(t, "rbac")
+	if err := be.Ensure(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Save(ctx, backend.Record{Spec: s, SleepMode: backend.SleepStop, Pinned: true}); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := be.Start(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	query(t, ep.Addr, s, "select 1::text")
+	rc, err := be.Logs(ctx, s, false, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	if err := be.Sleep(ctx, s, backend.SleepStop); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Remove(ctx, s, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := be.Kept(ctx, "rbac"); err != nil || !ok {
+		t.Fatalf("Kept = %v, %v", ok, err)
+	}
+	if err := be.RemoveAll(ctx, true); err != nil {
+		t.Fatal(err)
 	}
 }
