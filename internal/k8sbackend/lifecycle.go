@@ -240,7 +240,7 @@ func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
 // failing at once on what will not heal by waiting (an image that cannot
 // be pulled, a crash loop). A PVC that stays unbound until ctx ends is
 // named with its StorageClass.
-func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endpoint, err error) {
 	set, err := b.statefulSet(ctx, spec.Name)
 	if err != nil {
 		return backend.Endpoint{}, err
@@ -256,13 +256,23 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 	}
 	first := b.WillInitialize(ctx, spec)
 	t := time.Now()
-	if ptr.Deref(set.Spec.Replicas, 0) != 1 {
-		scale := &autoscalingv1.Scale{
-			ObjectMeta: metav1.ObjectMeta{Name: set.Name, Namespace: b.ns},
-			Spec:       autoscalingv1.ScaleSpec{Replicas: 1},
+	scaledUp := ptr.Deref(set.Spec.Replicas, 0) != 1
+	defer func() {
+		if err != nil && scaledUp {
+			// A failed wake leaves the project asleep, not crash-looping
+			// or pulling in the cluster: the next wake starts afresh. (A
+			// server that ran before this call, maybe for another
+			// pgwake's clients, is left as it was.)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if serr := b.scale(sctx, set.Name, 0); serr != nil {
+				b.log.Warn("scaling a project whose wake failed back to 0", "project", spec.Name, "err", serr)
+			}
 		}
-		if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, set.Name, scale, metav1.UpdateOptions{}); err != nil {
-			return backend.Endpoint{}, b.apiErr(err, "scale statefulset "+set.Name+" to 1")
+	}()
+	if scaledUp {
+		if err := b.scale(ctx, set.Name, 1); err != nil {
+			return backend.Endpoint{}, err
 		}
 	}
 	t = b.step(spec.Name, "scale", t)
@@ -272,6 +282,9 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		pod := b.pod(spec.Name)
 		if pod != nil && pod.DeletionTimestamp == nil {
 			if msg := failedStart(pod, image); msg != "" {
+				if tail := b.logTail(ctx, pod); tail != "" {
+					msg += "; its log ends: " + tail
+				}
 				return backend.Endpoint{}, fmt.Errorf("pod %s: %s", pod.Name, msg)
 			}
 			if cs := postgresStatus(pod); podReady(pod) && cs != nil && cs.State.Running != nil && pod.Status.PodIP != "" {
@@ -294,6 +307,45 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 			return backend.Endpoint{}, b.notReady(spec.Name, pod, ctx.Err())
 		}
 	}
+}
+
+// scale sets the StatefulSet's replicas through the scale subresource.
+func (b *Backend) scale(ctx context.Context, name string, replicas int32) error {
+	scale := &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns},
+		Spec:       autoscalingv1.ScaleSpec{Replicas: replicas},
+	}
+	if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, name, scale, metav1.UpdateOptions{}); err != nil {
+		return b.apiErr(err, fmt.Sprintf("scale statefulset %s to %d", name, replicas))
+	}
+	return nil
+}
+
+// logTailLines is how much of a failed server's log its error shows.
+const logTailLines = 10
+
+// logTail is the end of the Pod's postgres log, of the run that ended
+// when the container is not running, joined on one line.
+func (b *Backend) logTail(ctx context.Context, pod *corev1.Pod) string {
+	cs := postgresStatus(pod)
+	if cs == nil || (cs.RestartCount == 0 && cs.State.Terminated == nil && cs.State.Running == nil) {
+		return "" // never ran: no log
+	}
+	opts := &corev1.PodLogOptions{Container: "postgres", TailLines: ptr.To[int64](logTailLines)}
+	opts.Previous = cs.State.Running == nil && cs.State.Terminated == nil
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	data, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts).DoRaw(ctx)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, " | ")
 }
 
 // notReady explains a wake that ran out of time.
@@ -327,12 +379,8 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	}
 	b.dropForward(spec.Name)
 	if ptr.Deref(set.Spec.Replicas, 0) != 0 {
-		scale := &autoscalingv1.Scale{
-			ObjectMeta: metav1.ObjectMeta{Name: set.Name, Namespace: b.ns},
-			Spec:       autoscalingv1.ScaleSpec{Replicas: 0},
-		}
-		if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, set.Name, scale, metav1.UpdateOptions{}); err != nil {
-			return b.apiErr(err, "scale statefulset "+set.Name+" to 0")
+		if err := b.scale(ctx, set.Name, 0); err != nil {
+			return err
 		}
 	}
 	return b.waitNoPods(ctx, spec.Name)
