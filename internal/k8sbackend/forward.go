@@ -2,62 +2,84 @@ package k8sbackend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
+	"sync"
+	"sync/atomic"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
-
-	"github.com/pgwake/pgwake/internal/backend"
 )
 
 // forward is one port-forward to one run of a project's server: a
-// loopback listener whose every connection is a stream through the API
-// server to the Pod's port 5432 (client-go's port-forward, what `kubectl
-// port-forward` runs). It is opened for a run ID and never reused for
-// another: a new Pod gets a new forward, so a new address, and the proxy
-// never relays a client to a run it did not check.
+// loopback listener whose every connection becomes a pair of streams
+// (data and error) through the API server to the Pod's port 5432, over
+// one upgraded connection made with client-go's dialers (WebSocket, SPDY
+// as fallback, as `kubectl port-forward`).
+//
+// client-go's PortForwarder is not used for the streams: it closes the
+// whole upgraded connection, and so its listener, on the first stream
+// error (after one, the kubelet side stops taking new streams on that
+// connection: seen here as "timed out waiting for streams"), and a
+// proxy's readiness probes get one ("connection refused") every time
+// while Postgres boots. Here the listener's address stays the run's for
+// as long as the run lasts; an upgraded connection that saw an error is
+// retired (no new streams; closed once its sessions end) and the next
+// client connection dials a new one.
+//
+// A forward is opened for a run ID and never reused for another: a new
+// Pod gets a new forward and so a new address, and the proxy never relays
+// a client to a run it did not check.
 type forward struct {
 	id     string
 	addr   string
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error // why it ended; read after done
+	ln     net.Listener
+	dialer httpstream.Dialer
+	log    *slog.Logger
+	nextID atomic.Int64
+
+	mu  sync.Mutex
+	cur *upgraded              // takes new streams; nil until dialled or after an error
+	all map[*upgraded]struct{} // every open one, closed by close
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by close: connections end
+	done      chan struct{} // closed when serve and every connection returned
 }
 
-func (f *forward) alive() bool {
-	select {
-	case <-f.done:
-		return false
-	default:
-		return true
-	}
-}
-
+// close ends the listener and every connection through it.
 func (f *forward) close() {
-	f.cancel()
-	<-f.done
+	f.closeOnce.Do(func() {
+		close(f.closing)
+		f.ln.Close()
+		f.mu.Lock()
+		for u := range f.all {
+			u.c.Close()
+		}
+		f.mu.Unlock()
+		<-f.done
+	})
 }
 
 // forwardFor returns the address of the project's port-forward for run
-// id, opening one when there is none (or it broke: the API server
-// restarted, the Pod went).
+// id, opening one when there is none for that run.
 func (b *Backend) forwardFor(ctx context.Context, project, pod, id string) (string, error) {
 	b.forwardMu.Lock()
 	f := b.forwards[project]
-	if f != nil && f.id == id && f.alive() {
-		b.forwardMu.Unlock()
+	b.forwardMu.Unlock()
+	if f != nil && f.id == id {
 		return f.addr, nil
 	}
-	b.forwardMu.Unlock()
 	v, err, _ := b.opening.Do(project+"\x00"+id, func() (any, error) {
 		b.forwardMu.Lock()
-		if f := b.forwards[project]; f != nil && f.id == id && f.alive() {
+		if f := b.forwards[project]; f != nil && f.id == id {
 			b.forwardMu.Unlock()
 			return f.addr, nil
 		}
@@ -92,8 +114,9 @@ func (b *Backend) dropForward(project string) {
 	}
 }
 
-// openForward opens a port-forward to pod's 5432 on a free loopback port,
-// over WebSocket with SPDY as the fallback, as kubectl does.
+// openForward dials the API server's port-forward for pod (so that RBAC
+// or an unreachable server fails here, not on a client's connection) and
+// listens on a free loopback port.
 func (b *Backend) openForward(ctx context.Context, project, pod, id string) (*forward, error) {
 	u := b.cs.CoreV1().RESTClient().Post().Namespace(b.ns).Resource("pods").Name(pod).SubResource("portforward").URL()
 	transport, upgrader, err := spdy.RoundTripperFor(b.cfg)
@@ -108,51 +131,179 @@ func (b *Backend) openForward(ctx context.Context, project, pod, id string) (*fo
 	dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
-	fctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	log := b.log.With("project", project, "pod", pod)
-	errOut := logWriter{func(s string) { log.Debug("port-forward", "msg", s) }}
-	pf, err := portforward.NewOnAddressesWithContext(fctx, dialer, []string{"127.0.0.1"}, []string{"0:5432"}, ready, io.Discard, errOut)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("port-forward to pod %s: %w", pod, err)
+	f := &forward{
+		id: id, dialer: dialer, log: b.log.With("project", project, "pod", pod),
+		closing: make(chan struct{}), done: make(chan struct{}), all: map[*upgraded]struct{}{},
 	}
-	f := &forward{id: id, cancel: cancel, done: make(chan struct{})}
+	type dialed struct {
+		conn httpstream.Connection
+		err  error
+	}
+	ch := make(chan dialed, 1)
 	go func() {
-		defer close(f.done)
-		f.err = pf.ForwardPorts()
-		if fctx.Err() == nil {
-			log.Info("port-forward ended; the next connection opens another", "err", f.err)
-			b.changed.notify(backend.Event{Project: project, State: b.cachedState(project)})
-		}
+		c, err := f.dial()
+		ch <- dialed{c, err}
 	}()
 	select {
-	case <-ready:
-	case <-f.done:
-		cancel()
-		return nil, b.apiErr(f.err, "port-forward to pod "+pod)
+	case d := <-ch:
+		if d.err != nil {
+			return nil, b.apiErr(d.err, "port-forward to pod "+pod)
+		}
+		f.cur = &upgraded{c: d.conn}
+		f.all[f.cur] = struct{}{}
 	case <-ctx.Done():
-		cancel()
-		<-f.done
+		go func() {
+			if d := <-ch; d.conn != nil {
+				d.conn.Close()
+			}
+		}()
 		return nil, fmt.Errorf("port-forward to pod %s: %w", pod, ctx.Err())
 	}
-	ports, err := pf.GetPorts()
-	if err != nil || len(ports) == 0 {
-		f.close()
-		return nil, fmt.Errorf("port-forward to pod %s: no local port: %v", pod, err)
+	if f.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		f.cur.c.Close()
+		return nil, fmt.Errorf("port-forward to pod %s: %w", pod, err)
 	}
-	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ports[0].Local)))
-	log.Info("port-forward open", "addr", f.addr, "via", b.server)
+	f.addr = f.ln.Addr().String()
+	go f.serve()
+	f.log.Info("port-forward open", "addr", f.addr, "via", b.server)
 	return f, nil
 }
 
-// logWriter turns what client-go's port-forward writes (one error per
-// failed stream, for example while Postgres still boots) into log lines.
-type logWriter struct{ fn func(string) }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	if s := strings.TrimSpace(string(p)); s != "" {
-		w.fn(s)
+func (f *forward) dial() (httpstream.Connection, error) {
+	c, proto, err := f.dialer.Dial(portforward.PortForwardProtocolV1Name)
+	if err != nil {
+		return nil, err
 	}
-	return len(p), nil
+	if proto != portforward.PortForwardProtocolV1Name {
+		c.Close()
+		return nil, fmt.Errorf("port-forward: the server speaks %q, not %q", proto, portforward.PortForwardProtocolV1Name)
+	}
+	return c, nil
+}
+
+// upgraded is one upgraded connection to the kubelet's port-forward and
+// the client connections using it.
+type upgraded struct {
+	c       httpstream.Connection
+	active  int
+	retired bool
+}
+
+// acquire returns the upgraded connection new streams go on, dialling one
+// when there is none (the last one saw an error, or broke: the API server
+// restarted, a proxy timed it out).
+func (f *forward) acquire() (*upgraded, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if u := f.cur; u != nil {
+		select {
+		case <-u.c.CloseChan():
+			f.cur = nil
+			delete(f.all, u)
+		default:
+			u.active++
+			return u, nil
+		}
+	}
+	c, err := f.dial()
+	if err != nil {
+		return nil, err
+	}
+	f.cur = &upgraded{c: c, active: 1}
+	f.all[f.cur] = struct{}{}
+	return f.cur, nil
+}
+
+// release ends one client connection's use of u; failed retires u.
+func (f *forward) release(u *upgraded, failed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	u.active--
+	if failed && f.cur == u {
+		f.cur, u.retired = nil, true
+	}
+	if u.retired && u.active == 0 {
+		u.c.Close()
+		delete(f.all, u)
+	}
+}
+
+func (f *forward) serve() {
+	defer close(f.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.handle(c)
+		}()
+	}
+}
+
+// handle relays one client connection over its own pair of streams.
+func (f *forward) handle(c net.Conn) {
+	defer c.Close()
+	u, err := f.acquire()
+	if err != nil {
+		f.log.Warn("port-forward: cannot reach the API server", "err", err)
+		return
+	}
+	failed := true
+	defer func() { f.release(u, failed) }()
+	conn := u.c
+	h := http.Header{}
+	h.Set(corev1.StreamType, corev1.StreamTypeError)
+	h.Set(corev1.PortHeader, "5432")
+	h.Set(corev1.PortForwardRequestIDHeader, strconv.FormatInt(f.nextID.Add(1), 10))
+	errStream, err := conn.CreateStream(h)
+	if err != nil {
+		f.log.Debug("port-forward: error stream", "err", err)
+		return
+	}
+	errStream.Close() // nothing to send on it
+	defer conn.RemoveStreams(errStream)
+	remoteErr := make(chan string, 1)
+	go func() {
+		msg, _ := io.ReadAll(errStream)
+		remoteErr <- string(msg)
+	}()
+	h.Set(corev1.StreamType, corev1.StreamTypeData)
+	data, err := conn.CreateStream(h)
+	if err != nil {
+		f.log.Debug("port-forward: data stream", "err", err)
+		return
+	}
+	defer conn.RemoveStreams(data)
+
+	fromPod := make(chan struct{})
+	go func() {
+		defer close(fromPod)
+		_, _ = io.Copy(c, data)
+	}()
+	go func() {
+		_, err := io.Copy(data, c)
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			_ = data.Reset()
+			return
+		}
+		data.Close() // half-close: the client is done sending
+	}()
+	select {
+	case <-fromPod:
+	case <-f.closing:
+	}
+	// Discard what is unsent, so the error stream can be read.
+	_ = data.Reset()
+	msg := <-remoteErr
+	failed = msg != ""
+	if failed {
+		// Expected while Postgres boots (connection refused): the client
+		// sees the connection closed and the proxy's probe retries.
+		f.log.Debug("port-forward: connection failed at the pod", "err", msg)
+	}
 }

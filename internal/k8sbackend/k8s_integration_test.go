@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -56,7 +57,11 @@ func newFixture(t *testing.T, dial string) *fixture {
 
 func newBackend(t *testing.T, env *kubeenv.Env, ns, dial string) *k8sbackend.Backend {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if testing.Verbose() {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	be, err := k8sbackend.New(t.Context(), k8sbackend.Options{
 		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: dial, Instance: "test", Logger: log,
 	})
@@ -83,11 +88,22 @@ func query(t *testing.T, addr string, s backend.Spec, sql string) string {
 	for ctx.Err() == nil {
 		conn, err := pgx.Connect(ctx, url)
 		if err == nil {
+			// Statements before the last run as one simple-protocol batch.
 			var out string
-			err = conn.QueryRow(ctx, sql).Scan(&out)
+			if i := strings.LastIndex(sql, ";"); i >= 0 {
+				_, err = conn.Exec(ctx, sql[:i])
+				sql = strings.TrimSpace(sql[i+1:])
+			}
+			if err == nil {
+				err = conn.QueryRow(ctx, sql).Scan(&out)
+			}
 			conn.Close(ctx)
 			if err == nil {
 				return out
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				t.Fatalf("query %q at %s: %v", sql, addr, err)
 			}
 		}
 		lastErr = err
@@ -364,6 +380,23 @@ func TestIntegrationStartFailsFastWithThePodsReason(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
 			_, err := f.be.Start(ctx, s)
+			if err == nil && tc.name == "crash" {
+				// The container ran before it crashed: Start may return,
+				// and Status then reports the exit, as on Docker.
+				for err == nil {
+					st, serr := f.be.Status(ctx, s)
+					switch {
+					case serr != nil:
+						t.Fatal(serr)
+					case st.State != backend.StateRunning && st.Exit != "":
+						err = errors.New(st.Exit)
+					case ctx.Err() != nil:
+						t.Fatalf("Status never reported the crash: %+v", st)
+					default:
+						time.Sleep(50 * time.Millisecond)
+					}
+				}
+			}
 			if err == nil {
 				t.Fatal("Start succeeded")
 			}
