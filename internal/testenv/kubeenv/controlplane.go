@@ -119,9 +119,15 @@ func startControlPlane(ctx context.Context, bins map[string]string, f *controlPl
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	// A fresh data directory: one left by an attempt that failed on a
+	// taken port remembers that attempt's peer URL.
+	dataDir := filepath.Join(f.dir, "etcd-data")
+	if err := os.RemoveAll(dataDir); err != nil {
+		return nil, err
+	}
 	etcd, err := cp.start(f.dir, "etcd", bins["etcd"],
 		"--name=kubeenv",
-		"--data-dir="+filepath.Join(f.dir, "etcd-data"),
+		"--data-dir="+dataDir,
 		"--listen-client-urls="+etcdURL,
 		"--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL,

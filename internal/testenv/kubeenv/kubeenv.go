@@ -309,6 +309,9 @@ func start(timings *[]timing) (_ *Env, err error) {
 		return nil, err
 	}
 	e.log = slog.New(slog.NewTextHandler(e.logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if err := os.WriteFile(filepath.Join(e.Dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return nil, err
+	}
 	// client-go logs through klog, by default on stderr, where
 	// virtual-kubelet's informers and kubelet API would interleave it with
 	// test output. Only output settings, which take klog's lock: replacing
@@ -502,38 +505,60 @@ func (e *Env) removeDocker(ctx context.Context, f client.Filters) error {
 	return errors.Join(errs...)
 }
 
-// reapLeftovers removes the containers and networks of envs on this
-// machine whose test process no longer exists (killed before StopShared
-// ran): the kernel killed their control planes, but Docker keeps
-// containers.
+// ownerFile, in the env's directory, holds the test process's pid, for
+// reapLeftovers.
+const ownerFile = "owner-pid"
+
+// reapLeftovers removes what envs on this machine left behind when their
+// test process died before StopShared ran: the kernel killed their control
+// planes, but Docker keeps containers and networks, and their directories
+// and mounted PV directories stay. A dead env is found by the pid in its
+// Docker objects' labels or in its directory's owner file.
 func (e *Env) reapLeftovers(ctx context.Context) {
-	host := hostName()
-	f := make(client.Filters).Add("label", labelHost+"="+host)
-	dead := map[string]bool{}
-	check := func(labels map[string]string) {
-		id, pid := labels[LabelEnv], labels[labelPID]
-		if id == "" || dead[id] {
-			return
-		}
-		n, err := strconv.Atoi(pid)
-		if err != nil || n <= 0 || errors.Is(syscall.Kill(n, 0), syscall.ESRCH) {
-			dead[id] = true
-		}
+	gone := func(pid string) bool {
+		n, err := strconv.Atoi(strings.TrimSpace(pid))
+		return err != nil || n <= 0 || errors.Is(syscall.Kill(n, 0), syscall.ESRCH)
 	}
+	dead := map[string]bool{}
+	f := make(client.Filters).Add("label", labelHost+"="+hostName())
 	if cs, err := e.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil {
 		for _, c := range cs.Items {
-			check(c.Labels)
+			if id := c.Labels[LabelEnv]; id != "" && gone(c.Labels[labelPID]) {
+				dead[id] = true
+			}
 		}
 	}
 	if ns, err := e.docker.NetworkList(ctx, client.NetworkListOptions{Filters: f}); err == nil {
 		for _, n := range ns.Items {
-			check(n.Labels)
+			if id := n.Labels[LabelEnv]; id != "" && gone(n.Labels[labelPID]) {
+				dead[id] = true
+			}
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgwake-kubeenv-*-*"))
+	for _, d := range dirs {
+		id, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), "pgwake-kubeenv-"), "-")
+		if pid, err := os.ReadFile(filepath.Join(d, ownerFile)); err == nil && id != e.id && gone(string(pid)) {
+			dead[id] = true
 		}
 	}
 	for id := range dead {
 		e.log.Info("removing leftovers of a test process that died", "env", id)
 		if err := e.removeDocker(ctx, make(client.Filters).Add("label", LabelEnv+"="+id)); err != nil {
 			e.log.Warn("remove leftovers", "env", id, "err", err)
+		}
+		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "pgwake-kubeenv-"+id+"-*"))
+		for _, d := range dirs {
+			if data, err := os.ReadFile(filepath.Join(d, claimDirsFile)); err == nil {
+				for _, pv := range strings.Fields(string(data)) {
+					if strings.HasPrefix(pv, hostPathPVDir) && !strings.Contains(pv, "..") {
+						_ = os.RemoveAll(pv)
+					}
+				}
+			}
+			if err := os.RemoveAll(d); err != nil {
+				e.log.Warn("remove leftovers", "dir", d, "err", err)
+			}
 		}
 	}
 }

@@ -315,9 +315,7 @@ func (r *podRun) claimPath(ctx context.Context, claim string) (string, error) {
 			return "", err
 		}
 		if strings.HasPrefix(dir, hostPathPVDir) {
-			r.p.mu.Lock()
-			r.p.claimDirs[dir] = true
-			r.p.mu.Unlock()
+			r.p.recordClaimDir(dir)
 			return dir, openClaimDir(dir)
 		}
 		return dir, nil

@@ -84,6 +84,30 @@ type provider struct {
 	claimDirs map[string]bool // provisioned PV directories mounted here
 }
 
+// claimDirsFile, in the env's directory, lists the provisioned PV
+// directories the node has mounted, one a line, so that the next env can
+// remove them if this test process dies before StopShared.
+const claimDirsFile = "claim-dirs"
+
+// recordClaimDir notes a provisioned PV directory the node mounts.
+func (p *provider) recordClaimDir(dir string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.claimDirs[dir] {
+		return
+	}
+	p.claimDirs[dir] = true
+	f, err := os.OpenFile(filepath.Join(p.dir, claimDirsFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		p.log.Warn("record PV directory", "err", err)
+		return
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintln(f, dir); err != nil {
+		p.log.Warn("record PV directory", "err", err)
+	}
+}
+
 // mountedClaimDirs returns the provisioned PV directories the node has
 // mounted, for the env to remove at the end if the PV controller has not.
 func (p *provider) mountedClaimDirs() []string {
