@@ -83,6 +83,8 @@ type Status struct {
 	ID string
 	// Exit says why a server that is not running stopped, when the runtime
 	// knows ("exited with code 1", "killed: out of memory"); for errors.
+	// For a running server that its runtime restarted in place (a
+	// Kubernetes container after a crash), why the run before ended.
 	Exit string
 	// Log is the end of what that stopped server wrote, when the runtime
 	// has it at hand; otherwise callers ask a Logger.

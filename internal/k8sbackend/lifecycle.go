@@ -102,7 +102,24 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 	if err != nil {
 		return backend.Status{}, err
 	}
-	return backend.Status{State: backend.StateRunning, Addr: addr, ID: id}, nil
+	st := backend.Status{State: backend.StateRunning, Addr: addr, ID: id}
+	if last := cs.LastTerminationState.Terminated; cs.RestartCount > 0 && last != nil {
+		// The kubelet restarted it in place: say why the last run ended.
+		st.Exit = "restarted by the kubelet after the last run " + terminated(last)
+	}
+	return st, nil
+}
+
+// terminated says how a container run ended.
+func terminated(t *corev1.ContainerStateTerminated) string {
+	r := fmt.Sprintf("exited with code %d", t.ExitCode)
+	if t.Signal != 0 {
+		r = fmt.Sprintf("was killed by signal %d", t.Signal)
+	}
+	if t.Reason != "" && t.Reason != "Error" && t.Reason != "Completed" {
+		r += " (" + t.Reason + ")"
+	}
+	return r
 }
 
 // runID identifies one run of the server: the Pod (a new Pod has a new
@@ -148,14 +165,7 @@ func exitReason(pod *corev1.Pod) string {
 		}
 	}
 	if last != nil && (cs.State.Waiting != nil || cs.State.Terminated != nil) {
-		r := fmt.Sprintf("exited with code %d", last.ExitCode)
-		if last.Signal != 0 {
-			r = fmt.Sprintf("killed by signal %d", last.Signal)
-		}
-		if last.Reason != "" && last.Reason != "Error" && last.Reason != "Completed" {
-			r += " (" + last.Reason + ")"
-		}
-		parts = append(parts, r)
+		parts = append(parts, terminated(last))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -377,12 +387,14 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	if err != nil || set == nil {
 		return err
 	}
-	b.dropForward(spec.Name)
 	if ptr.Deref(set.Spec.Replicas, 0) != 0 {
 		if err := b.scale(ctx, set.Name, 0); err != nil {
 			return err
 		}
 	}
+	// The port-forward stays until the Pod is gone: sessions still
+	// attached hear Postgres's own FATAL 57P01 through it.
+	defer b.dropForward(spec.Name)
 	return b.waitNoPods(ctx, spec.Name)
 }
 

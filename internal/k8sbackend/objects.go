@@ -69,7 +69,14 @@ func (b *Backend) newStatefulSet(spec backend.Spec) *appsv1.StatefulSet {
 							{Name: "POSTGRES_DB", ValueFrom: secretRef(name, secretDatabase)},
 							{Name: "PGDATA", Value: pgdata},
 						},
-						Ports:        []corev1.ContainerPort{{Name: "postgres", ContainerPort: 5432, Protocol: corev1.ProtocolTCP}},
+						Ports: []corev1.ContainerPort{{Name: "postgres", ContainerPort: 5432, Protocol: corev1.ProtocolTCP}},
+						// A fast shutdown whatever the image's STOPSIGNAL: the
+						// kubelet's default SIGTERM is Postgres's smart
+						// shutdown, which waits for every session to end.
+						// (The official image's PID 1 is postgres.)
+						Lifecycle: &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{
+							Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "kill -INT 1"}},
+						}},
 						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: dataMount}},
 					}},
 				},

@@ -470,6 +470,10 @@ func (p *project) confirm(ctx context.Context, spec backend.Spec, t target) erro
 	switch {
 	case st.State != backend.StateRunning:
 		return p.exitError(ctx, spec, st)
+	case t.id != "" && st.ID != t.id && st.Exit != "":
+		// Restarted in place by its runtime (a Kubernetes Pod's container
+		// after a crash): why the run pgwake started ended is the news.
+		return fmt.Errorf("%w: the server at %s was restarted outside pgwake: %w", errNotOurServer, t.addr, p.exitError(ctx, spec, st))
 	case st.Addr != t.addr:
 		return fmt.Errorf("%w: the server moved from %s to %s", errNotOurServer, t.addr, st.Addr)
 	case t.id != "" && st.ID != t.id:
