@@ -178,16 +178,30 @@ func (r *podRun) runOnce(c *ctrRun, id string) *corev1.ContainerStateTerminated 
 }
 
 // stopContainer stops a running container as the kubelet does for a
-// deleted Pod: the container's stop signal (the image's STOPSIGNAL, or the
-// spec's lifecycle.stopSignal, else SIGTERM), then SIGKILL after the grace
-// period.
+// deleted Pod: its preStop hook (exec, httpGet or sleep) if it has one,
+// for at most the grace period, then the container's stop signal (the
+// image's STOPSIGNAL, or the spec's lifecycle.stopSignal, else SIGTERM),
+// then SIGKILL after what is left of the grace period (at least 2 s).
 func (r *podRun) stopContainer(c *ctrRun, id string) {
 	r.mu.Lock()
 	grace := r.grace
 	r.mu.Unlock()
-	r.log.Info("stopping container", "container", c.spec.Name, "id", shortID(id), "grace", grace)
 	ctx, cancel := context.WithTimeout(r.p.ctx, time.Duration(grace)*time.Second+time.Minute)
 	defer cancel()
+	if lc := c.spec.Lifecycle; lc != nil && lc.PreStop != nil {
+		begin := time.Now()
+		h := lc.PreStop
+		var err error
+		if h.Sleep != nil {
+			sleepCtx(ctx, min(time.Duration(h.Sleep.Seconds), time.Duration(grace))*time.Second)
+		} else {
+			err = r.probe(ctx, c, id, &corev1.ProbeHandler{Exec: h.Exec, HTTPGet: h.HTTPGet, TCPSocket: h.TCPSocket}, time.Duration(grace)*time.Second)
+		}
+		took := time.Since(begin)
+		r.log.Info("preStop hook ran", "container", c.spec.Name, "took", took, "err", err)
+		grace = max(grace-int(took.Seconds()), minGracePeriod)
+	}
+	r.log.Info("stopping container", "container", c.spec.Name, "id", shortID(id), "grace", grace)
 	if _, err := r.p.docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &grace}); err != nil && !cerrdefs.IsNotFound(err) {
 		r.log.Warn("stop container", "id", shortID(id), "err", err)
 	}

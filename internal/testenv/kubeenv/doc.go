@@ -40,10 +40,11 @@
 //   - restarts by restartPolicy with the kubelet's crash-loop back-off
 //     (10 s doubling to 5 min: CrashLoopBackOff with lastState and
 //     restartCount);
-//   - deletion: the container's stop signal (the image's STOPSIGNAL, or
-//     SIGTERM; lifecycle.stopSignal if set), then SIGKILL after the Pod's
-//     grace period (at least 2 s, as the kubelet); the Pod is then removed
-//     from the API;
+//   - deletion: the preStop hook (exec, httpGet, sleep), then the
+//     container's stop signal (the image's STOPSIGNAL, or SIGTERM;
+//     lifecycle.stopSignal if set), then SIGKILL after what is left of the
+//     Pod's grace period (at least 2 s, as the kubelet); the Pod is then
+//     removed from the API; postStart hooks are not run;
 //   - logs, exec and port-forward through the kubelet API, which the API
 //     server reaches on 127.0.0.1 over TLS.
 //

@@ -353,6 +353,55 @@ func TestIntegrationVolumeReclaim(t *testing.T) {
 	}
 }
 
+// TestIntegrationPreStop: a deleted Pod's preStop exec hook runs before
+// its container is stopped, with its volumes (a Secret's files, an
+// emptyDir written by the container, a hostPath) in place.
+func TestIntegrationPreStop(t *testing.T) {
+	env := kubeenv.Shared(t)
+	image := testenv.PostgresImage(t)
+	ns := env.NewNamespace(t)
+	ctx := t.Context()
+	cs := env.Client
+	out := t.TempDir()
+
+	mustCreate(t, func() error {
+		_, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "s"},
+			StringData: map[string]string{"word": "secret-word"},
+		}, metav1.CreateOptions{})
+		return err
+	})
+	pod := simplePod("hook", image, []string{"sh", "-c", "echo scratch > /scratch/f && exec sleep 3600"})
+	pod.Spec.TerminationGracePeriodSeconds = ptr[int64](3)
+	c := &pod.Spec.Containers[0]
+	c.VolumeMounts = []corev1.VolumeMount{
+		{Name: "secret", MountPath: "/secret"},
+		{Name: "scratch", MountPath: "/scratch"},
+		{Name: "out", MountPath: "/out"},
+	}
+	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
+		Command: []string{"sh", "-c", "cat /secret/word /scratch/f > /out/prestop"},
+	}}}
+	pod.Spec.Volumes = []corev1.Volume{
+		{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s"}}},
+		{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "out", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: out}}},
+	}
+	createPod(t, cs, ns, pod)
+	p := waitPod(t, env, ns, "hook", time.Minute, "Ready", podReady)
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "hook", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	waitPodGone(t, env, ns, "hook", p.UID, time.Minute)
+	// sleep as PID 1 ignores SIGTERM: the stop waits the grace period out.
+	t.Logf("pod gone %v after deletion", time.Since(begin).Round(time.Millisecond))
+	got, err := os.ReadFile(out + "/prestop")
+	if err != nil || string(got) != "secret-wordscratch\n" {
+		t.Errorf("preStop hook's output: %q, %v", got, err)
+	}
+}
+
 // TestIntegrationKubeconfigs: the admin kubeconfig works through
 // client-go's loading rules (and kubectl, when installed); the limited
 // user is authenticated and forbidden.
