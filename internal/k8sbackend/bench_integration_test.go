@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -43,8 +44,13 @@ func BenchmarkIntegrationKubernetesWake(b *testing.B) {
 	ns := env.NewNamespace(b)
 	var mu sync.Mutex
 	steps := map[string][]time.Duration{}
+	level := slog.LevelWarn
+	if testing.Verbose() {
+		level = slog.LevelDebug
+	}
 	be, err := k8sbackend.New(b.Context(), k8sbackend.Options{
 		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: k8sbackend.DialPortForward,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		Trace: func(_, step string, took time.Duration) {
 			mu.Lock()
 			steps[step] = append(steps[step], took)
@@ -62,7 +68,7 @@ func BenchmarkIntegrationKubernetesWake(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	firstRow(b, ep.Addr, s, true)
+	firstRow(b, ep.Addr, s)
 	if err := be.Sleep(ctx, s, backend.SleepStop); err != nil {
 		b.Fatal(err)
 	}
@@ -80,7 +86,7 @@ func BenchmarkIntegrationKubernetesWake(b *testing.B) {
 				b.Fatal(err)
 			}
 			r0 := time.Now()
-			firstRow(b, ep.Addr, s, true)
+			firstRow(b, ep.Addr, s)
 			reply = append(reply, time.Since(r0))
 			total = append(total, time.Since(start))
 			if err := be.Sleep(ctx, s, backend.SleepStop); err != nil {
@@ -122,50 +128,57 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 // firstRow connects and reads SELECT 1, retrying while Postgres still
-// starts (a Ready Pod is a running container, not a serving Postgres)
-// when retry is set.
-func firstRow(tb testing.TB, addr string, s backend.Spec, retry bool) {
+// starts (a Ready Pod is a running container, not a serving Postgres).
+func firstRow(tb testing.TB, addr string, s backend.Spec) {
 	tb.Helper()
-	host, port, _ := net.SplitHostPort(addr)
-	url := fmt.Sprintf("postgres://%s:%s@%s:%s/%s?sslmode=disable&connect_timeout=10", s.User, s.Password, host, port, s.Database)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		conn, err := pgx.Connect(ctx, url)
-		if err == nil {
-			var one int
-			err = conn.QueryRow(ctx, "select 1").Scan(&one)
-			conn.Close(ctx)
-		}
-		cancel()
+		err := row(addr, s)
 		if err == nil {
 			return
 		}
-		if !retry || time.Now().After(deadline) {
+		if time.Now().After(deadline) {
 			tb.Fatalf("first row at %s: %v", addr, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }
 
+// row connects to addr and reads SELECT 1 once.
+func row(addr string, s backend.Spec) error {
+	host, port, _ := net.SplitHostPort(addr)
+	url := fmt.Sprintf("postgres://%s:%s@%s:%s/%s?sslmode=disable&connect_timeout=10", s.User, s.Password, host, port, s.Database)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var one int
+	return conn.QueryRow(ctx, "select 1").Scan(&one)
+}
+
 // kubectlWake wakes the project by hand, as a user without pgwake would,
 // and returns the time to the first row; then scales it back to 0.
+// `kubectl port-forward` exits on the first connection the Pod refuses
+// (Postgres still booting), so it is started again until a query works.
 func kubectlWake(tb testing.TB, env *kubeenv.Env, ns string, s backend.Spec) time.Duration {
 	tb.Helper()
 	kc := func(args ...string) *exec.Cmd {
-		cmd := exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
-		return cmd
+		return exec.Command("kubectl", append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
 	}
 	run := func(args ...string) {
 		if out, err := kc(args...).CombinedOutput(); err != nil {
 			tb.Fatalf("kubectl %v: %v\n%s", args, err, out)
 		}
 	}
+	pod := "pod/pgwake-" + s.Name + "-0"
 	start := time.Now()
 	run("scale", "statefulset/pgwake-"+s.Name, "--replicas=1")
 	// wait fails while the Pod does not exist yet: retry it.
 	for {
-		out, err := kc("wait", "--for=condition=Ready", "pod/pgwake-"+s.Name+"-0", "--timeout=120s").CombinedOutput()
+		out, err := kc("wait", "--for=condition=Ready", pod, "--timeout=120s").CombinedOutput()
 		if err == nil {
 			break
 		}
@@ -174,7 +187,24 @@ func kubectlWake(tb testing.TB, env *kubeenv.Env, ns string, s backend.Spec) tim
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pf := kc("port-forward", "pod/pgwake-"+s.Name+"-0", ":5432")
+	for {
+		err := kubectlRow(tb, kc("port-forward", pod, ":5432"), s)
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			tb.Fatalf("no row through kubectl port-forward: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	run("scale", "statefulset/pgwake-"+s.Name, "--replicas=0")
+	run("wait", "--for=delete", pod, "--timeout=180s")
+	return took
+}
+
+// kubectlRow runs pf (kubectl port-forward) and reads one row through it.
+func kubectlRow(tb testing.TB, pf *exec.Cmd, s backend.Spec) error {
 	stdout, err := pf.StdoutPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -185,23 +215,14 @@ func kubectlWake(tb testing.TB, env *kubeenv.Env, ns string, s backend.Spec) tim
 	defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
 	// "Forwarding from 127.0.0.1:NNNN -> 5432"
 	sc := bufio.NewScanner(stdout)
-	var addr string
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "Forwarding" {
-			addr = f[2]
-			break
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return row(f[2], s)
 		}
 	}
-	if addr == "" {
-		tb.Fatal("kubectl port-forward printed no address")
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	firstRow(tb, addr, s, true)
-	took := time.Since(start)
-	run("scale", "statefulset/pgwake-"+s.Name, "--replicas=0")
-	run("wait", "--for=delete", "pod/pgwake-"+s.Name+"-0", "--timeout=180s")
-	return took
+	return fmt.Errorf("kubectl port-forward printed no address")
 }

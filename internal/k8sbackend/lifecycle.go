@@ -123,9 +123,11 @@ func terminated(t *corev1.ContainerStateTerminated) string {
 }
 
 // runID identifies one run of the server: the Pod (a new Pod has a new
-// UID) and its container's start (a restart in place has a new one).
+// UID) and its container's restart count (a restart in place raises it).
+// Not the container's start time: a kubelet may report it again, more
+// precisely, in a later status update of the same run.
 func runID(pod *corev1.Pod, cs *corev1.ContainerStatus) string {
-	return fmt.Sprintf("%s@%s#%d", pod.UID, cs.State.Running.StartedAt.UTC().Format(time.RFC3339Nano), cs.RestartCount)
+	return fmt.Sprintf("%s#%d", pod.UID, cs.RestartCount)
 }
 
 func postgresStatus(pod *corev1.Pod) *corev1.ContainerStatus {
