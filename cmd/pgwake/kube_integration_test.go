@@ -89,7 +89,10 @@ func TestIntegrationKubernetesTwoPgwakes(t *testing.T) {
 	})
 	// The same credentials: the cluster's Secret is the project's password.
 	urlA, urlB := strings.TrimSpace(a.ok(t, "url", "app")), strings.TrimSpace(b.ok(t, "url", "app"))
-	pw := func(u string) string { s, _, _ := strings.Cut(strings.TrimPrefix(u, "postgres://postgres:"), "@"); return s }
+	pw := func(u string) string {
+		s, _, _ := strings.Cut(strings.TrimPrefix(u, "postgres://postgres:"), "@")
+		return s
+	}
 	if pw(urlA) == "" || pw(urlA) != pw(urlB) {
 		t.Fatalf("passwords differ: %q vs %q", urlA, urlB)
 	}

@@ -13,9 +13,9 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	"k8s.io/streaming/pkg/httpstream"
 )
 
 // forward is one port-forward to one run of a project's server: a
@@ -123,12 +123,12 @@ func (b *Backend) openForward(ctx context.Context, project, pod, id string) (*fo
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to pod %s: %w", pod, err)
 	}
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
-	ws, err := portforward.NewSPDYOverWebsocketDialer(u, b.cfg)
+	dialer := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	ws, err := portforward.NewSPDYOverWebsocketDialerForStreaming(u, b.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to pod %s: %w", pod, err)
 	}
-	dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
+	dialer = portforward.NewFallbackDialerForStreaming(ws, dialer, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
 	f := &forward{
