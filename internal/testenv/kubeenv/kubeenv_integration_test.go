@@ -42,6 +42,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/pgwake/pgwake/internal/testenv"
@@ -311,6 +312,9 @@ func TestIntegrationVolumeReclaim(t *testing.T) {
 	})
 	pod := simplePod("writer", image, []string{"sh", "-c", "echo kept > /data/file && sleep 3600"})
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{
+		Exec: &corev1.ExecAction{Command: []string{"test", "-f", "/data/file"}},
+	}}
 	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"},
 	}}}
@@ -579,14 +583,20 @@ func waitPodGone(t *testing.T, env *kubeenv.Env, ns, name string, uid any, timeo
 	}
 }
 
+// scaleTo sets the StatefulSet's replicas through its scale subresource,
+// again on a conflict (the controller updates the set's status meanwhile).
 func scaleTo(t *testing.T, cs kubernetes.Interface, ns, name string, n int32) {
 	t.Helper()
-	sc, err := cs.AppsV1().StatefulSets(ns).GetScale(t.Context(), name, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		sc, err := cs.AppsV1().StatefulSets(ns).GetScale(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		sc.Spec.Replicas = n
+		_, err = cs.AppsV1().StatefulSets(ns).UpdateScale(t.Context(), name, sc, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatalf("get scale: %v", err)
-	}
-	sc.Spec.Replicas = n
-	if _, err := cs.AppsV1().StatefulSets(ns).UpdateScale(t.Context(), name, sc, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("scale %s to %d: %v", name, n, err)
 	}
 }
