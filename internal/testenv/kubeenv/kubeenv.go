@@ -103,8 +103,9 @@ var shared struct {
 // binaries, an unreachable Docker engine or a failed start fail the test,
 // and every later call fails the same way without trying again.
 //
-// Call StopShared from TestMain after m.Run, or the control plane (killed
-// with the test binary) and the node's containers (not) outlive the test.
+// Call StopShared from TestMain after m.Run. Without it the control plane
+// still dies with the test binary, but the node's containers and network
+// stay until the next env starts on the machine.
 func Shared(t testing.TB) *Env {
 	t.Helper()
 	if testing.Short() {
@@ -152,8 +153,11 @@ func StopShared() {
 // NewNamespace creates a namespace for one test, with its default
 // ServiceAccount (the ServiceAccount admission plugin refuses Pods until it
 // exists; the controller manager would make it a moment later), and deletes
-// it when the test ends, waiting until its Pods are gone (see
-// deleteNamespace).
+// it when the test ends, waiting until its Pods are gone (containers
+// stopped and removed). The namespace itself finishes terminating in the
+// background, its PVCs and their PV directories with it (or at
+// StopShared): the namespace controller takes 10 to 20 s more, which every
+// test would otherwise wait.
 func (e *Env) NewNamespace(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
