@@ -8,6 +8,7 @@ package main
 // as from a laptop.
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +142,45 @@ func TestIntegrationKubernetesTwoPgwakes(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// TestIntegrationKubernetesUnboundVolume: a project whose PVC the cluster
+// cannot provide (a StorageClass that does not exist) shows why in ls
+// while it wakes, and the wake fails once its deadline passes, naming the
+// StorageClass, instead of waiting forever.
+func TestIntegrationKubernetesUnboundVolume(t *testing.T) {
+	t.Parallel()
+	env := kubeenv.Shared(t)
+	ns := env.NewNamespace(t)
+	h := kubeHarness(t, ns).withEnv("PGWAKE_KUBERNETES_STORAGE_CLASS=no-such-class",
+		"PGWAKE_WAKE_TIMEOUT=10s", "PGWAKE_FIRST_START_TIMEOUT=10s")
+	h.up(t)
+	h.ok(t, "create", "novol")
+	done := make(chan runResult, 1)
+	go func() { done <- h.run(t, "wake", "novol") }()
+	var phase string
+	eventually(t, "ls shows the waking Pod's phase", func() string {
+		p := h.mustProject(t, "novol")
+		if p.State == "waking" && strings.Contains(p.Phase, "no-such-class") {
+			phase = p.Phase
+			return ""
+		}
+		return fmt.Sprintf("state %s, phase %q", p.State, p.Phase)
+	})
+	t.Logf("phase while waking: %s", phase)
+	if !strings.Contains(phase, "Pending") {
+		t.Errorf("phase %q does not say the PVC is Pending", phase)
+	}
+	r := <-done
+	if r.code == 0 {
+		t.Fatal("wake succeeded without a volume")
+	}
+	for _, w := range []string{"StorageClass no-such-class", "data-pgwake-novol-0"} {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("wake error %q lacks %q", r.stderr, w)
+		}
+	}
+	if p := h.mustProject(t, "novol"); !strings.Contains(p.LastError, "no-such-class") {
+		t.Errorf("last error %q does not name the StorageClass", p.LastError)
+	}
 }

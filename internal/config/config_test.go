@@ -317,6 +317,21 @@ func TestLoadErrors(t *testing.T) {
 			wantErr: []string{"PGWAKE_SLEEP_AFTER"},
 		},
 		{
+			name:    "bad kubernetes dial",
+			args:    []string{"--kubernetes-dial=ssh"},
+			wantErr: []string{"--kubernetes-dial", `kubernetes.dial: "ssh" is not auto, pod-ip or port-forward`},
+		},
+		{
+			name:    "bad kubernetes storage size",
+			env:     []string{"PGWAKE_KUBERNETES_STORAGE_SIZE=big"},
+			wantErr: []string{"PGWAKE_KUBERNETES_STORAGE_SIZE", `"big" is not a size like 1Gi`},
+		},
+		{
+			name:    "bad backend names kubernetes among the choices",
+			env:     []string{"PGWAKE_BACKEND=k8s"},
+			wantErr: []string{"PGWAKE_BACKEND", "auto, docker, local or kubernetes"},
+		},
+		{
 			name:    "listen without port",
 			env:     []string{"PGWAKE_LISTEN=localhost"},
 			wantErr: []string{`listen: "localhost" is not host:port`},

@@ -25,14 +25,13 @@ import (
 // as fallback, as `kubectl port-forward`).
 //
 // client-go's PortForwarder is not used for the streams: it closes the
-// whole upgraded connection, and so its listener, on the first stream
-// error (after one, the kubelet side stops taking new streams on that
-// connection: seen here as "timed out waiting for streams"), and a
-// proxy's readiness probes get one ("connection refused") every time
-// while Postgres boots. Here the listener's address stays the run's for
-// as long as the run lasts; an upgraded connection that saw an error is
-// retired (no new streams; closed once its sessions end) and the next
-// client connection dials a new one.
+// whole upgraded connection, and with it its listener, on the first
+// stream error (kubectl exits on one), and a proxy's readiness probes get
+// one ("connection refused") every time while Postgres boots. Here the
+// listener's address stays the run's for as long as the run lasts; an
+// upgraded connection that saw an error is retired as client-go would
+// close it (no new streams on it; closed once its sessions end), and the
+// next client connection dials a new one.
 //
 // A forward is opened for a run ID and never reused for another: a new
 // Pod gets a new forward and so a new address, and the proxy never relays

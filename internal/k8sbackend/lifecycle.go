@@ -213,6 +213,12 @@ func (b *Backend) Phase(ctx context.Context, spec backend.Spec) string {
 	if pod.DeletionTimestamp != nil {
 		return "Terminating"
 	}
+	if pod.Status.Phase == corev1.PodPending && pod.Spec.NodeName == "" {
+		// Unschedulable for want of a volume says less than the PVC.
+		if msg := b.pvcPending(ctx, spec.Name); msg != "" {
+			return phase + ": " + msg
+		}
+	}
 	if cs := postgresStatus(pod); cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
 		return phase + ": " + cs.State.Waiting.Reason
 	}
