@@ -40,16 +40,13 @@ func (c *broadcast) wait() <-chan struct{} {
 
 func (c *broadcast) notify(ev backend.Event) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	close(c.ch)
 	c.ch = make(chan struct{})
-	subs := make([]chan<- backend.Event, 0, len(c.subs))
+	// Sent under the lock, which Watch takes to close a channel: never a
+	// send on a closed one. The proxy calls Status on every event anyway;
+	// a full buffer drops this one, and the next change covers it.
 	for s := range c.subs {
-		subs = append(subs, s)
-	}
-	c.mu.Unlock()
-	for _, s := range subs {
-		// The proxy calls Status on every event anyway; a full buffer
-		// drops this one, and the next change of the project covers it.
 		select {
 		case s <- ev:
 		default:
@@ -525,21 +522,35 @@ func (b *Backend) RemoveAll(ctx context.Context, volumes bool) error {
 }
 
 // Logs implements backend.Logger: the Pod's log through the API server.
-// A Pod whose container restarted shows the previous run's log when the
-// current one has none yet (a crash loop's reason is there).
+// Without follow, a container the kubelet restarted shows the end of the
+// run before too (where a crash loop's reason is: the current run may not
+// have written anything yet), as `kubectl logs --previous` would, then
+// the current run's.
 func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (io.ReadCloser, error) {
 	pod := b.pod(spec.Name)
 	if pod == nil {
 		return nil, fmt.Errorf("project %q has no Pod (it sleeps; its log went with its Pod): %w", spec.Name, backend.ErrNotFound)
 	}
-	opts := &corev1.PodLogOptions{Container: "postgres", Follow: follow}
-	if tail > 0 {
-		opts.TailLines = ptr.To(int64(tail))
+	opts := func(previous bool) *corev1.PodLogOptions {
+		o := &corev1.PodLogOptions{Container: "postgres", Follow: follow && !previous, Previous: previous}
+		if tail > 0 {
+			o.TailLines = ptr.To(int64(tail))
+		}
+		return o
 	}
-	if cs := postgresStatus(pod); cs != nil && cs.State.Running == nil && cs.RestartCount > 0 && !follow {
-		opts.Previous = true
+	if cs := postgresStatus(pod); cs != nil && cs.RestartCount > 0 && !follow {
+		prev, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts(true)).DoRaw(ctx)
+		if err != nil {
+			return nil, b.apiErr(err, "previous logs of pod "+pod.Name)
+		}
+		cur, _ := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts(false)).DoRaw(ctx) // none yet is fine
+		lines := strings.SplitAfter(strings.TrimRight(string(prev), "\n")+"\n"+string(cur), "\n")
+		if tail > 0 && len(lines) > tail {
+			lines = lines[len(lines)-tail:]
+		}
+		return io.NopCloser(strings.NewReader(strings.Join(lines, ""))), nil
 	}
-	rc, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts).Stream(ctx)
+	rc, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts(false)).Stream(ctx)
 	if err != nil {
 		return nil, b.apiErr(err, "logs of pod "+pod.Name)
 	}
