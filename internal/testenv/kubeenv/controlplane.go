@@ -6,7 +6,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,9 +49,51 @@ func binDir() string {
 	return filepath.Join(cache, "pgwake-ci", "kube", KubeVersion)
 }
 
-// findBinaries returns the path of each control plane binary by name, or an
-// error wrapping errNoBinaries that says how to build them.
+// findBinaries returns the path of each control plane binary by name,
+// building them with scripts/kube-tools first when they are missing from
+// the default directory (once per machine: 15-25 minutes on two cores;
+// the script takes a lock, so test packages running in parallel wait for
+// one build), or an error wrapping errNoBinaries that says how to build
+// them.
 func findBinaries() (map[string]string, error) {
+	paths, err := lookBinaries()
+	if err == nil || os.Getenv(BinEnv) != "" {
+		return paths, err
+	}
+	script, ok := kubeToolsScript()
+	if !ok {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "kubeenv: %v\nkubeenv: building them now with %s (once per machine)\n", err, script)
+	cmd := exec.Command(script)
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	if berr := cmd.Run(); berr != nil {
+		return nil, fmt.Errorf("%w (and %s failed: %v)", err, script, berr)
+	}
+	return lookBinaries()
+}
+
+// kubeToolsScript finds scripts/kube-tools above the working directory
+// (a test's is its package's directory in this repository).
+func kubeToolsScript() (string, bool) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", false
+	}
+	for {
+		p := filepath.Join(dir, "scripts", "kube-tools")
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, true
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", false
+		}
+		dir = parent
+	}
+}
+
+func lookBinaries() (map[string]string, error) {
 	dir := binDir()
 	paths := make(map[string]string, len(binaries))
 	var missing []string
