@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/portforward"
@@ -28,10 +29,13 @@ import (
 // whole upgraded connection, and with it its listener, on the first
 // stream error (kubectl exits on one), and a proxy's readiness probes get
 // one ("connection refused") every time while Postgres boots. Here the
-// listener's address stays the run's for as long as the run lasts; an
-// upgraded connection that saw an error is retired as client-go would
-// close it (no new streams on it; closed once its sessions end), and the
-// next client connection dials a new one.
+// listener's address stays the run's for as long as the run lasts. After
+// a stream error the upgraded connection takes no new streams (seen here:
+// they time out after 30 s), so it is retired (closed once its sessions
+// end) and the next client connection dials a new one, no sooner than
+// redialPause after the failure: every new connection costs zlib header
+// compressors on each end (about 1 MB), and probes every 10 ms would
+// otherwise make one each (about 200 MB of garbage per wake under -race).
 //
 // A forward is opened for a run ID and never reused for another: a new
 // Pod gets a new forward and so a new address, and the proxy never relays
@@ -44,9 +48,10 @@ type forward struct {
 	log    *slog.Logger
 	nextID atomic.Int64
 
-	mu  sync.Mutex
-	cur *upgraded              // takes new streams; nil until dialled or after an error
-	all map[*upgraded]struct{} // every open one, closed by close
+	mu     sync.Mutex
+	cur    *upgraded              // takes new streams; nil until dialled or after an error
+	failAt time.Time              // when the last one was retired after an error
+	all    map[*upgraded]struct{} // every open one, closed by close
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by close: connections end
@@ -194,14 +199,31 @@ type upgraded struct {
 func (f *forward) acquire() (*upgraded, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if u := f.cur; u != nil {
+	for {
+		if u := f.cur; u != nil {
+			select {
+			case <-u.c.CloseChan():
+				f.cur = nil
+				delete(f.all, u)
+			default:
+				u.active++
+				return u, nil
+			}
+		}
+		wait := time.Until(f.failAt.Add(redialPause))
+		if wait <= 0 {
+			break
+		}
+		f.mu.Unlock()
 		select {
-		case <-u.c.CloseChan():
-			f.cur = nil
-			delete(f.all, u)
+		case <-time.After(wait):
+		case <-f.closing:
+		}
+		f.mu.Lock()
+		select {
+		case <-f.closing:
+			return nil, net.ErrClosed
 		default:
-			u.active++
-			return u, nil
 		}
 	}
 	c, err := f.dial()
@@ -213,13 +235,17 @@ func (f *forward) acquire() (*upgraded, error) {
 	return f.cur, nil
 }
 
+// redialPause is the least time between a retired upgraded connection's
+// failure and the next dial.
+const redialPause = 100 * time.Millisecond
+
 // release ends one client connection's use of u; failed retires u.
 func (f *forward) release(u *upgraded, failed bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	u.active--
 	if failed && f.cur == u {
-		f.cur, u.retired = nil, true
+		f.cur, u.retired, f.failAt = nil, true, time.Now()
 	}
 	if u.retired && u.active == 0 {
 		u.c.Close()
@@ -262,7 +288,7 @@ func (f *forward) handle(c net.Conn) {
 	errStream, err := conn.CreateStream(h)
 	if err != nil {
 		f.log.Debug("port-forward: error stream", "err", err)
-		return
+		return // failed: this upgraded connection is retired
 	}
 	errStream.Close() // nothing to send on it
 	defer conn.RemoveStreams(errStream)
@@ -278,6 +304,7 @@ func (f *forward) handle(c net.Conn) {
 		return
 	}
 	defer conn.RemoveStreams(data)
+	failed = false
 
 	fromPod := make(chan struct{})
 	go func() {
