@@ -74,6 +74,18 @@ func (b *Backend) newStatefulSet(spec backend.Spec) *appsv1.StatefulSet {
 						// kubelet's default SIGTERM is Postgres's smart
 						// shutdown, which waits for every session to end.
 						// (The official image's PID 1 is postgres.)
+						// Ready once Postgres listens on TCP. Not earlier: a
+						// connection the Pod refuses through a port-forward
+						// leaves that port-forward connection unusable and
+						// the kubelet's handler for it stuck (seen here as
+						// thousands of goroutines), so pgwake sends nothing
+						// through one before this.
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("postgres")}},
+							PeriodSeconds:    1,
+							TimeoutSeconds:   1,
+							FailureThreshold: 1,
+						},
 						Lifecycle: &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{
 							Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "kill -INT 1"}},
 						}},
