@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/moby/moby/client"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -383,6 +384,10 @@ func TestIntegrationPreStop(t *testing.T) {
 		{Name: "scratch", MountPath: "/scratch"},
 		{Name: "out", MountPath: "/out"},
 	}
+	// Ready once the command wrote its file (under load, after Running).
+	c.ReadinessProbe = &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{
+		Exec: &corev1.ExecAction{Command: []string{"test", "-s", "/scratch/f"}},
+	}}
 	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
 		Command: []string{"sh", "-c", "cat /secret/word /scratch/f > /out/prestop"},
 	}}}
@@ -608,7 +613,18 @@ func query(t *testing.T, env *kubeenv.Env, ns, pod string, f func(*pgx.Conn)) {
 	addr, stop := startPortForward(t, env, ns, pod, 5432)
 	defer stop()
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres:%s@%s/postgres?sslmode=disable", pgPassword, addr))
+	// A TCP readiness probe passes while Postgres still answers 57P03
+	// (starting up; under load for seconds): wait that out.
+	var conn *pgx.Conn
+	var err error
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		conn, err = pgx.Connect(ctx, fmt.Sprintf("postgres://postgres:%s@%s/postgres?sslmode=disable", pgPassword, addr))
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "57P03" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("connect to %s through port-forward: %v", pod, err)
 	}
