@@ -94,6 +94,24 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 	if cs == nil || cs.State.Running == nil || pod.Status.PodIP == "" {
 		return backend.Status{State: backend.StateStopped, Exit: exitReason(pod)}, nil
 	}
+	if b.dial == DialPodIP {
+		// A Pod IP can go to another project's Pod once this one is gone,
+		// and the cache may lag: the proxy's before-and-after check of
+		// every connection needs the API's word, as Docker's inspect.
+		live, err := b.cs.CoreV1().Pods(b.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return backend.Status{State: backend.StateStopped}, nil
+		case err != nil:
+			return backend.Status{}, b.apiErr(err, "read pod "+pod.Name)
+		}
+		if pod = live; pod.DeletionTimestamp != nil || !owned(pod.Labels, spec.Name) {
+			return backend.Status{State: backend.StateStopped}, nil
+		}
+		if cs = postgresStatus(pod); cs == nil || cs.State.Running == nil || pod.Status.PodIP == "" {
+			return backend.Status{State: backend.StateStopped, Exit: exitReason(pod)}, nil
+		}
+	}
 	id := runID(pod, cs)
 	addr, err := b.address(ctx, spec.Name, pod, id)
 	if err != nil {
