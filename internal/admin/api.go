@@ -63,7 +63,11 @@ type Project struct {
 	// Phase is what the server passes through while the project wakes,
 	// where the backend has phases (a Kubernetes Pod's "Pending:
 	// ContainerCreating").
-	Phase        string    `json:"phase,omitempty"`
+	Phase string `json:"phase,omitempty"`
+	// PeersBusy says why other pgwake processes serving the same server
+	// (replicas in front of one Kubernetes namespace) keep it awake: their
+	// connections, a wake of theirs, or doubt.
+	PeersBusy    string    `json:"peers_busy,omitempty"`
 	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
 	RetryAt      time.Time `json:"retry_at,omitzero"`
 	IdleMS       int64     `json:"idle_ms"`

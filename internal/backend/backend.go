@@ -239,3 +239,39 @@ type Describer interface {
 type Phaser interface {
 	Phase(ctx context.Context, spec Spec) string
 }
+
+// Use is how one pgwake process uses a project's server right now.
+type Use struct {
+	Conns      int       // client connections it holds, parked or relaying
+	Waking     bool      // it is waking the server
+	LastActive time.Time // when one of its clients last came or went
+}
+
+// PeerUse is how the other live pgwake processes that share a runtime use
+// one project: their connections summed, Waking if any of them wakes it,
+// LastActive the latest of theirs, and the processes that hold
+// connections or wake it, for messages.
+type PeerUse struct {
+	Use
+	Peers []string
+}
+
+// ErrPeerInDoubt is returned by PeerUse when a peer's record cannot be
+// trusted either way (it expired only just: the peer may be alive and
+// serving clients it could not publish). Callers keep the server awake.
+var ErrPeerInDoubt = errors.New("a peer's use of the project is in doubt")
+
+// Shared is implemented by backends whose servers other pgwake processes
+// may serve at the same time (several replicas in front of one Kubernetes
+// namespace). Each process publishes its use of every project, and puts a
+// server to sleep only when no live peer uses it.
+type Shared interface {
+	// Use records this process's use of a project. It does not block: the
+	// backend publishes it soon, and at once when the project goes from
+	// unused to used or a wake begins.
+	Use(project string, u Use)
+	// PeerUse reads the other live processes' use of project from the
+	// runtime now. An error means it cannot tell (a failed read,
+	// ErrPeerInDoubt); the caller then keeps the server awake.
+	PeerUse(ctx context.Context, project string) (PeerUse, error)
+}

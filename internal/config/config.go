@@ -103,6 +103,10 @@ type KubeConfig struct {
 	StorageClass string `yaml:"storage_class" flag:"storage-class" usage:"kubernetes backend: StorageClass of new projects' volumes (default the cluster's default class)"`
 	StorageSize  string `yaml:"storage_size" flag:"storage-size" usage:"kubernetes backend: size of new projects' volumes"`
 	Dial         string `yaml:"dial" usage:"kubernetes backend: how pgwake reaches servers: auto (Pod IP inside the cluster, else port-forward), pod-ip or port-forward"`
+	Peer         string `yaml:"peer" usage:"kubernetes backend: this pgwake's name among those serving the namespace (default the Pod's name inside the cluster, else hostname-instance)"`
+	// LeaseDuration: how long this pgwake's published use of the projects
+	// counts for its peers after each renewal.
+	LeaseDuration time.Duration `yaml:"lease_duration" usage:"kubernetes backend: how long this pgwake's published connection counts stay valid for its peers (renewed every third of it)"`
 }
 
 // TLSOn resolves tls.mode: auto turns TLS on whenever the proxy listens
@@ -135,7 +139,7 @@ func Default() Config {
 		Listen:                "127.0.0.1:6432",
 		Backend:               "auto",
 		TLS:                   TLSConfig{Mode: "auto", Upstream: "off"},
-		Kubernetes:            KubeConfig{StorageSize: "1Gi", Dial: "auto"},
+		Kubernetes:            KubeConfig{StorageSize: "1Gi", Dial: "auto", LeaseDuration: 15 * time.Second},
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
@@ -602,6 +606,9 @@ func (c *Config) Validate() error {
 	case "auto", "pod-ip", "port-forward":
 	default:
 		errs = append(errs, field(fmt.Errorf("kubernetes.dial: %q is not auto, pod-ip or port-forward", c.Kubernetes.Dial), "kubernetes.dial"))
+	}
+	if d := c.Kubernetes.LeaseDuration; d < 3*time.Second {
+		errs = append(errs, field(fmt.Errorf("kubernetes.lease_duration: %s is shorter than 3s (it is renewed every third of it)", d), "kubernetes.lease_duration"))
 	}
 	if _, err := resource.ParseQuantity(c.Kubernetes.StorageSize); err != nil || c.Kubernetes.StorageSize == "" {
 		errs = append(errs, field(fmt.Errorf("kubernetes.storage_size: %q is not a size like 1Gi", c.Kubernetes.StorageSize), "kubernetes.storage_size"))

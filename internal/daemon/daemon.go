@@ -568,7 +568,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.FirstStartMS = ms(st.FirstStart)
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
-	out.Queued, out.LastActiveAt = st.Queued, st.LastActive
+	out.Queued, out.LastActiveAt, out.PeersBusy = st.Queued, st.LastActive, st.PeersBusy
 	for _, l := range st.Recent {
 		out.RecentWakesMS = append(out.RecentWakesMS, ms(l))
 	}

@@ -46,6 +46,7 @@ var (
 	_ backend.Initializer    = (*lazyBackend)(nil)
 	_ backend.Describer      = (*lazyBackend)(nil)
 	_ backend.Phaser         = (*lazyBackend)(nil)
+	_ backend.Shared         = (*lazyBackend)(nil)
 )
 
 // connectTimeout bounds one attempt to connect a backend (the Docker
@@ -329,4 +330,28 @@ func (l *lazyBackend) Phase(ctx context.Context, spec backend.Spec) string {
 		return p.Phase(ctx, spec)
 	}
 	return ""
+}
+
+// Use implements backend.Shared. Before the backend connects there is
+// nothing to publish to, and no server its projects' clients could use.
+func (l *lazyBackend) Use(project string, u backend.Use) {
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
+	if sh, ok := be.(backend.Shared); ok {
+		sh.Use(project, u)
+	}
+}
+
+// PeerUse implements backend.Shared: a backend no other process shares
+// has no peers. One not connected yet has none this process could see,
+// and cannot put a server to sleep anyway.
+func (l *lazyBackend) PeerUse(ctx context.Context, project string) (backend.PeerUse, error) {
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
+	if sh, ok := be.(backend.Shared); ok {
+		return sh.PeerUse(ctx, project)
+	}
+	return backend.PeerUse{}, nil
 }

@@ -35,6 +35,7 @@ func ConnectBackend(ctx context.Context, name string, cfg config.Config, instanc
 		return k8sbackend.New(ctx, k8sbackend.Options{
 			Kubeconfig: k.Kubeconfig, Context: k.Context, Namespace: k.Namespace,
 			StorageClass: k.StorageClass, StorageSize: k.StorageSize, Dial: k.Dial,
+			Peer: k.Peer, LeaseDuration: k.LeaseDuration,
 			Instance: instance, Logger: log,
 		})
 	}

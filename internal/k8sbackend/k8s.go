@@ -101,6 +101,14 @@ type Options struct {
 	// an instance's.
 	Instance string
 	Logger   *slog.Logger
+	// Peer names this process among the pgwake processes serving the
+	// namespace (its peer Lease's holder); default the Pod's name inside
+	// the cluster (POD_NAME, else the hostname), else hostname-instance.
+	Peer string
+	// LeaseDuration is how long this process's published use of the
+	// projects counts after each renewal (renewed every third of it);
+	// default DefaultLeaseDuration.
+	LeaseDuration time.Duration
 	// Trace, if set, is told how long each step of a wake took: "scale"
 	// (the scale call), "ready" (until the Pod was Ready) and "dial" (the
 	// port-forward opened, or nothing for the Pod IP). They are logged at
@@ -135,6 +143,8 @@ type Backend struct {
 	forwardMu sync.Mutex
 	forwards  map[string]*forward // by project
 	opening   singleflight.Group  // one port-forward opening per project and run
+	peers     *peers
+	stopPeers context.CancelFunc
 	closeOnce sync.Once
 }
 
@@ -261,10 +271,18 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if _, err := b.cs.CoreV1().Secrets(b.ns).List(cctx, sel); err != nil {
 		return nil, b.apiErr(err, "list secrets")
 	}
+	if _, err := b.cs.CoordinationV1().Leases(b.ns).List(cctx, metav1.ListOptions{LabelSelector: LabelRole + "=" + rolePeer, Limit: 1}); err != nil {
+		return nil, b.apiErr(err, "list leases (peer-aware idle)")
+	}
 	if err := b.startInformers(ctx); err != nil {
 		return nil, err
 	}
-	log.Info("kubernetes backend", "server", b.server, "namespace", b.ns, "dial", b.dial, "why", b.dialWhy)
+	b.peers = newPeers(b, peerID(opts.Peer, opts.Instance, inCluster), opts.LeaseDuration)
+	pctx, stopPeers := context.WithCancel(context.Background())
+	b.stopPeers = stopPeers
+	go b.peers.run(pctx)
+	log.Info("kubernetes backend", "server", b.server, "namespace", b.ns, "dial", b.dial, "why", b.dialWhy,
+		"peer", b.peers.id, "lease", b.peers.lease)
 	return b, nil
 }
 
@@ -363,6 +381,10 @@ func (b *Backend) Close() error {
 			delete(b.forwards, name)
 		}
 		b.forwardMu.Unlock()
+		if b.stopPeers != nil {
+			b.stopPeers()
+			<-b.peers.done // its Lease deleted: peers need not wait for it to expire
+		}
 		if b.stopInfo != nil {
 			b.stopInfo()
 			b.factory.Shutdown()

@@ -564,6 +564,13 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 		t.Fatal(err)
 	}
 	query(t, ep.Addr, s, "select 1::text")
+	// Peer-aware idle: the Role lets it publish its use and read others'.
+	be.Use("rbac", backend.Use{Conns: 1})
+	_, lease := be.Peer()
+	waitLease(t, env, ns, lease, func(u map[string]peerEntry) bool { return u["rbac"].Conns == 1 })
+	if _, err := be.PeerUse(ctx, "rbac"); err != nil {
+		t.Fatalf("PeerUse as the documented Role: %v", err)
+	}
 	rc, err := be.Logs(ctx, s, false, 10)
 	if err != nil {
 		t.Fatal(err)

@@ -449,6 +449,9 @@ func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) e
 	}
 	name := objectName(spec.Name)
 	b.dropForward(spec.Name)
+	if b.peers != nil {
+		b.peers.forget(spec.Name)
+	}
 	if !volumes && set != nil && ptr.Deref(set.Spec.Replicas, 0) > 0 {
 		// Shut down cleanly before the StatefulSet goes: the data stays.
 		if err := b.Sleep(ctx, spec, backend.SleepStop); err != nil {

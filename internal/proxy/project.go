@@ -90,6 +90,10 @@ type project struct {
 	// kick wakes a wake's readiness loop early when the runtime reports a
 	// change (the server died), so it checks now instead of at its next poll.
 	kick chan struct{}
+	// shared is the backend when other pgwake processes may serve the
+	// same server (replicas in a cluster): this one's use is published to
+	// them, and theirs is asked before any sleep.
+	shared backend.Shared
 
 	mu         sync.Mutex
 	cfg        Project
@@ -112,18 +116,26 @@ type project struct {
 	events     []Event         // recent state changes, oldest first
 	removed    bool
 	closed     bool // shut down with pgwake: no wake starts any more
+	// askingPeers is set while a sweep asks the peers (one at a time);
+	// peersAgain is when a sweep may ask again after they said busy, and
+	// peersBusy what they said, for the status.
+	askingPeers bool
+	peersAgain  time.Time
+	peersBusy   string
 }
 
 func newProject(cfg Project, e *env) *project {
 	if cfg.SleepMode == "" {
 		cfg.SleepMode = backend.SleepStop
 	}
-	return &project{
+	p := &project{
 		name: cfg.Spec.Name, be: cfg.Backend, env: e,
 		log:  e.log.With("project", cfg.Spec.Name),
 		kick: make(chan struct{}, 1),
 		cfg:  cfg, state: StateSleeping, lastActive: e.now(),
 	}
+	p.shared, _ = cfg.Backend.(backend.Shared)
+	return p
 }
 
 // Event is one entry of a project's recent history, for the TUI.
@@ -147,6 +159,12 @@ func (p *project) recordLocked(format string, args ...any) {
 }
 
 func (p *project) notify() {
+	if p.shared != nil {
+		p.mu.Lock()
+		u := backend.Use{Conns: p.active, Waking: p.state == StateWaking, LastActive: p.lastActive}
+		p.mu.Unlock()
+		p.shared.Use(p.name, u)
+	}
 	if p.env.onChange != nil {
 		p.env.onChange(p.name)
 	}
@@ -286,10 +304,7 @@ func (p *project) awake(ctx context.Context) (target, error) {
 				p.mu.Unlock()
 				return target{}, err
 			}
-			p.wake = &wakeCall{done: make(chan struct{})}
-			p.state = StateWaking
-			p.recordLocked("waking")
-			go p.runWake(p.wake, p.cfg.Spec)
+			p.beginWakeLocked("waking")
 		}
 		c := p.wake
 		p.queued++
@@ -301,6 +316,15 @@ func (p *project) awake(ctx context.Context) (target, error) {
 			return target{}, c.err
 		}
 	}
+}
+
+// beginWakeLocked moves a Sleeping project to Waking and starts the wake.
+// p.mu must be held.
+func (p *project) beginWakeLocked(event string) {
+	p.wake = &wakeCall{done: make(chan struct{})}
+	p.state = StateWaking
+	p.recordLocked("%s", event)
+	go p.runWake(p.wake, p.cfg.Spec)
 }
 
 // inFlight returns the channel closed when the wake or sleep in progress
@@ -641,17 +665,102 @@ func (p *project) markDown(t target, why error) {
 // maybeSleep puts the project to sleep if it has been idle long enough. The
 // counts are checked under the lock right before the state moves to
 // Stopping; clients arriving after that wait for the stop and wake it again.
-func (p *project) maybeSleep(force bool) {
-	now := p.env.now()
+// A project other pgwake processes serve too sleeps only when none of them
+// uses it either, and is checked again right after (see asleepChecked).
+func (p *project) maybeSleep() {
 	p.mu.Lock()
-	idle := p.state == StateRunning && p.active == 0 && !p.removed
-	due := !p.cfg.Pinned && p.cfg.SleepAfter > 0 &&
-		now.Sub(p.lastActive) >= p.cfg.SleepAfter && now.Sub(p.wokeAt) >= p.env.grace
-	if !idle || !(due || force) {
+	if !p.sleepDueLocked(time.Time{}) {
 		p.mu.Unlock()
 		return
 	}
-	p.sleepLocked(p.cfg.SleepMode)
+	if p.shared == nil {
+		p.sleepLocked(p.cfg.SleepMode)
+		return
+	}
+	if p.askingPeers || p.env.now().Before(p.peersAgain) {
+		p.mu.Unlock()
+		return
+	}
+	p.askingPeers = true
+	p.mu.Unlock()
+
+	pu, why := p.askPeers()
+
+	p.mu.Lock()
+	p.askingPeers = false
+	p.peersBusy = why
+	if why != "" {
+		p.peersAgain = p.env.now().Add(peersAgainAfter)
+		p.mu.Unlock()
+		p.log.Debug("staying awake for peers", "why", why)
+		p.notify()
+		return
+	}
+	// Asking took a while: the local counts, and the peers' last use, decide
+	// now.
+	if !p.sleepDueLocked(pu.LastActive) {
+		p.mu.Unlock()
+		return
+	}
+	if p.sleepLocked(p.cfg.SleepMode) == nil {
+		p.asleepChecked()
+	}
+}
+
+// peersAgainAfter is how soon a sweep asks the peers again after they said
+// a project is in use: their answer is a list call to the runtime.
+const peersAgainAfter = 2 * time.Second
+
+// sleepDueLocked reports whether a Running project is idle here and has
+// been for sleep_after, counting peerActive (the peers' latest use) as
+// activity too. p.mu must be held.
+func (p *project) sleepDueLocked(peerActive time.Time) bool {
+	now := p.env.now()
+	last := p.lastActive
+	if peerActive.After(last) {
+		last = peerActive
+	}
+	idle := p.state == StateRunning && p.active == 0 && !p.removed
+	return idle && !p.cfg.Pinned && p.cfg.SleepAfter > 0 &&
+		now.Sub(last) >= p.cfg.SleepAfter && now.Sub(p.wokeAt) >= p.env.grace
+}
+
+// askPeers asks the other pgwake processes serving the project's server
+// how they use it. It returns why not to sleep it ("" when nothing speaks
+// against it): their connections, a wake of theirs, or doubt (their use
+// could not be read).
+func (p *project) askPeers() (backend.PeerUse, string) {
+	ctx, cancel := context.WithTimeout(p.env.base, 10*time.Second)
+	defer cancel()
+	pu, err := p.shared.PeerUse(ctx, p.name)
+	switch {
+	case err != nil:
+		return pu, "cannot tell whether other pgwake processes use it: " + err.Error()
+	case pu.Conns > 0:
+		return pu, fmt.Sprintf("%d connection(s) on other pgwake processes (%s)", pu.Conns, strings.Join(pu.Peers, ", "))
+	case pu.Waking:
+		return pu, fmt.Sprintf("another pgwake process is waking it (%s)", strings.Join(pu.Peers, ", "))
+	}
+	return pu, ""
+}
+
+// asleepChecked closes the gap between asking the peers and the sleep: a
+// peer's client that arrived meanwhile shows in their use now, and the
+// project is woken again at once rather than left to that client's retries.
+func (p *project) asleepChecked() {
+	pu, why := p.askPeers()
+	if pu.Conns == 0 && !pu.Waking {
+		return // idle everywhere, or in doubt: nothing proves a client is waiting
+	}
+	p.mu.Lock()
+	if p.state != StateSleeping || p.wake != nil || p.removed || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.log.Info("waking again: a peer's client arrived during the sleep", "why", why)
+	p.beginWakeLocked("waking again: " + why)
+	p.mu.Unlock()
+	p.notify()
 }
 
 // sleepLocked moves a Running project to Stopping, unlocks, and calls the
@@ -710,6 +819,21 @@ func (p *project) sleepNow(ctx context.Context) error {
 			n := p.active
 			p.mu.Unlock()
 			return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
+		case p.state == StateRunning && p.shared != nil:
+			p.mu.Unlock()
+			if _, why := p.askPeers(); why != "" {
+				return fmt.Errorf("project %q stays awake: %s", p.name, why)
+			}
+			p.mu.Lock()
+			if p.state != StateRunning || p.active > 0 {
+				p.mu.Unlock()
+				continue // changed while the peers were asked
+			}
+			err := p.sleepLocked(p.cfg.SleepMode)
+			if err == nil {
+				p.asleepChecked()
+			}
+			return err
 		case p.state == StateRunning:
 			// A failed sleep leaves it running (the sweep tries again);
 			// the caller is told.
@@ -804,6 +928,16 @@ func (p *project) shutdown() error {
 		p.mu.Unlock()
 		return nil // its remover stops it
 	}
+	if p.state == StateRunning && p.shared != nil {
+		// Other pgwake processes may serve it still (a rolling restart of
+		// replicas): their clients keep it awake, as any doubt does.
+		p.mu.Unlock()
+		if _, why := p.askPeers(); why != "" {
+			p.log.Info("left running for other pgwake processes", "why", why)
+			return nil
+		}
+		p.mu.Lock()
+	}
 	if p.state == StateRunning {
 		p.sleepLocked(backend.SleepStop)
 		p.mu.Lock()
@@ -850,6 +984,10 @@ type Status struct {
 	Recent      []time.Duration `json:"recent_wakes"` // oldest first
 	FirstStart  time.Duration   `json:"first_start"`  // the first start (initdb), not in the wake figures
 	Events      []Event         `json:"events"`       // oldest first
+	// PeersBusy says why other pgwake processes serving the same server
+	// keep it awake (their connections, a wake of theirs, or doubt), as
+	// the last idle check found; empty when none did.
+	PeersBusy string `json:"peers_busy,omitempty"`
 }
 
 func (p *project) status() Status {
@@ -867,6 +1005,9 @@ func (p *project) status() Status {
 	}
 	if now.Before(p.retryAt) {
 		st.RetryAt = p.retryAt
+	}
+	if p.state == StateRunning {
+		st.PeersBusy = p.peersBusy
 	}
 	if n := len(p.latencies); n > 0 {
 		st.LastWake = p.latencies[n-1]

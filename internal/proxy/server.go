@@ -583,7 +583,7 @@ func (s *Server) sweepLoop() {
 			continue // Shutdown puts every project to sleep itself
 		}
 		for _, p := range s.projectList() {
-			go p.maybeSleep(false)
+			go p.maybeSleep()
 		}
 	}
 }

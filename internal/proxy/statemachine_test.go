@@ -138,6 +138,12 @@ func deadAddr(t *testing.T) string {
 // serveBackend runs a proxy with one project "app" on be.
 func serveBackend(t *testing.T, be backend.Backend, opts proxy.Options) (*proxy.Server, string) {
 	t.Helper()
+	return serveProject(t, proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}, Backend: be}, opts)
+}
+
+// serveProject runs a proxy with the one project p.
+func serveProject(t *testing.T, p proxy.Project, opts proxy.Options) (*proxy.Server, string) {
+	t.Helper()
 	if opts.ReadyPoll == 0 {
 		opts.ReadyPoll = time.Millisecond
 	}
@@ -150,8 +156,7 @@ func serveBackend(t *testing.T, be backend.Backend, opts proxy.Options) (*proxy.
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := backend.Spec{Name: "app", User: "u", Database: "app"}
-	if err := srv.AddProject(t.Context(), proxy.Project{Spec: spec, Backend: be}); err != nil {
+	if err := srv.AddProject(t.Context(), p); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,0 +1,358 @@
+package k8sbackend
+
+// Peer-aware idle: every pgwake process serving the namespace keeps one
+// coordination.k8s.io Lease, renewed every third of its duration, whose
+// annotation carries this process's use of each project (connections,
+// whether it is waking it, when a client last came or went). A process
+// puts a server to sleep only when no live peer's Lease shows a use; the
+// proxy asks through backend.Shared. No other infrastructure is needed:
+// the API server is the only thing every replica already reaches.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/pgwake/pgwake/internal/backend"
+)
+
+// Peer Leases: labelled as pgwake's, with the role that tells them from
+// anything else pgwake might keep as a Lease.
+const (
+	LabelRole       = "dev.pgwake.role"
+	rolePeer        = "peer"
+	AnnotationUse   = "dev.pgwake.use"
+	peerLeasePrefix = "pgwake-peer-"
+)
+
+// minGap spaces the Lease writes of one process.
+const minGap = 100 * time.Millisecond
+
+// DefaultLeaseDuration is how long a peer's published use counts after its
+// last renewal when Options.LeaseDuration is not set.
+const DefaultLeaseDuration = 15 * time.Second
+
+var _ backend.Shared = (*Backend)(nil)
+
+// publishedUse is one project's entry in a peer Lease's annotation.
+type publishedUse struct {
+	Conns      int   `json:"c,omitempty"`
+	Waking     bool  `json:"w,omitempty"`
+	LastActive int64 `json:"t,omitempty"` // unix milliseconds
+}
+
+// peers publishes this process's use of the projects and reads the others'.
+type peers struct {
+	b        *Backend
+	id       string // this process's name among its peers (the Lease's holder)
+	lease    string // its Lease's name
+	duration time.Duration
+
+	mu      sync.Mutex
+	uses    map[string]backend.Use
+	current *coordinationv1.Lease // as last written, for the next update
+	failing bool                  // the last write failed (logged once)
+	kick    chan struct{}
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// peerID names this process among the pgwake processes of the namespace:
+// the Pod's name inside the cluster (unique among a Deployment's
+// replicas), the host and instance outside it (two pgwakes on one laptop
+// have two instances).
+func peerID(explicit, instance string, inCluster bool) string {
+	if explicit != "" {
+		return explicit
+	}
+	if name := os.Getenv("POD_NAME"); name != "" {
+		return name
+	}
+	host, _ := os.Hostname()
+	if inCluster && host != "" {
+		return host
+	}
+	if host == "" {
+		host = "pgwake"
+	}
+	return host + "-" + instance
+}
+
+// leaseName makes a valid object name of a peer id: lowercase letters,
+// digits and dashes, with a digest when the id had to be changed or cut.
+func leaseName(id string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(id) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '-' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	name := strings.Trim(b.String(), "-")
+	if name != id || len(name) > 40 {
+		sum := sha256.Sum256([]byte(id))
+		name = strings.Trim(name[:min(len(name), 40)], "-") + "-" + hex.EncodeToString(sum[:4])
+	}
+	return peerLeasePrefix + name
+}
+
+func newPeers(b *Backend, id string, duration time.Duration) *peers {
+	if duration <= 0 {
+		duration = DefaultLeaseDuration
+	}
+	return &peers{
+		b: b, id: id, lease: leaseName(id), duration: duration,
+		uses: map[string]backend.Use{}, kick: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+}
+
+// run renews the Lease every third of its duration, and at once when
+// kicked, until ctx ends; then it deletes the Lease, so peers need not
+// wait for it to expire.
+func (p *peers) run(ctx context.Context) {
+	defer close(p.done)
+	t := time.NewTicker(p.duration / 3)
+	defer t.Stop()
+	for {
+		p.publish(ctx)
+		// At most one write per minGap: a pool that opens and closes its
+		// only connection in a loop costs the API server little.
+		select {
+		case <-ctx.Done():
+		case <-time.After(minGap):
+		}
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := p.b.cs.CoordinationV1().Leases(p.b.ns).Delete(dctx, p.lease, metav1.DeleteOptions{})
+			cancel()
+			if err != nil && !apierrors.IsNotFound(err) {
+				p.b.log.Warn("delete peer lease", "lease", p.lease, "err", oneLine(err))
+			}
+			return
+		case <-t.C:
+		case <-p.kick:
+		}
+	}
+}
+
+// use records this process's use of a project. A project becoming used,
+// or starting to wake, is published at once: a peer about to sleep it must
+// see that. So is one becoming unused, so that a peer's sleep need not wait
+// for the next renewal; other changes wait for it.
+func (p *peers) use(project string, u backend.Use) {
+	p.mu.Lock()
+	old := p.uses[project]
+	p.uses[project] = u
+	p.mu.Unlock()
+	if (old.Conns == 0) != (u.Conns == 0) || old.Waking != u.Waking {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *peers) forget(project string) {
+	p.mu.Lock()
+	delete(p.uses, project)
+	p.mu.Unlock()
+}
+
+// publish writes the Lease: created when missing, else updated from the
+// last version written (only this process writes it).
+func (p *peers) publish(ctx context.Context) {
+	p.mu.Lock()
+	entries := make(map[string]publishedUse, len(p.uses))
+	for name, u := range p.uses {
+		e := publishedUse{Conns: u.Conns, Waking: u.Waking}
+		if !u.LastActive.IsZero() {
+			e.LastActive = u.LastActive.UnixMilli()
+		}
+		entries[name] = e
+	}
+	cur := p.current
+	p.mu.Unlock()
+	data, err := json.Marshal(entries)
+	if err != nil {
+		return
+	}
+	now := metav1.NowMicro()
+	secs := int32((p.duration + time.Second - 1) / time.Second)
+	ctx, cancel := context.WithTimeout(ctx, p.duration/3)
+	defer cancel()
+	leases := p.b.cs.CoordinationV1().Leases(p.b.ns)
+	var out *coordinationv1.Lease
+	if cur == nil {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:        p.lease,
+				Labels:      map[string]string{LabelManaged: "true", LabelRole: rolePeer},
+				Annotations: map[string]string{AnnotationUse: string(data)},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity: &p.id, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now,
+			},
+		}
+		out, err = leases.Create(ctx, l, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			// Left by an earlier run of this process (same Pod name), or
+			// deleted and re-created: take it over.
+			if cur, err = leases.Get(ctx, p.lease, metav1.GetOptions{}); err == nil {
+				out, err = p.update(ctx, cur, data, now, secs)
+			}
+		}
+	} else {
+		out, err = p.update(ctx, cur, data, now, secs)
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			p.mu.Lock()
+			p.current = nil // read it again, or create it, on the next try
+			p.mu.Unlock()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if !p.failing {
+			p.b.log.Warn("publish peer lease: peers keep this process's projects awake while it fails",
+				"lease", p.lease, "err", p.b.apiErr(err, "write lease "+p.lease))
+		}
+		p.failing = true
+		return
+	}
+	if p.failing {
+		p.b.log.Info("peer lease published again", "lease", p.lease)
+	}
+	p.failing = false
+	p.current = out
+}
+
+func (p *peers) update(ctx context.Context, cur *coordinationv1.Lease, data []byte, now metav1.MicroTime, secs int32) (*coordinationv1.Lease, error) {
+	l := cur.DeepCopy()
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationUse] = string(data)
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &p.id, &secs, &now
+	return p.b.cs.CoordinationV1().Leases(p.b.ns).Update(ctx, l, metav1.UpdateOptions{})
+}
+
+// peerUse lists the peer Leases and sums the live ones' use of project.
+// A Lease past its duration but not past twice that is in doubt (the peer
+// may be alive and unable to renew); one older than that is a dead peer's
+// and ignored; one much older is deleted.
+func (p *peers) peerUse(ctx context.Context, project string) (backend.PeerUse, error) {
+	sel := labels.SelectorFromSet(labels.Set{LabelManaged: "true", LabelRole: rolePeer}).String()
+	list, err := p.b.cs.CoordinationV1().Leases(p.b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return backend.PeerUse{}, p.b.apiErr(err, "list peer leases")
+	}
+	now := time.Now()
+	var pu backend.PeerUse
+	for i := range list.Items {
+		l := &list.Items[i]
+		if l.Name == p.lease {
+			continue
+		}
+		holder := l.Name
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		dur := p.duration
+		if l.Spec.LeaseDurationSeconds != nil {
+			dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+		}
+		var age time.Duration
+		switch {
+		case l.Spec.RenewTime != nil:
+			age = now.Sub(l.Spec.RenewTime.Time)
+		default:
+			age = now.Sub(l.CreationTimestamp.Time)
+		}
+		switch {
+		case age > max(10*dur, 10*time.Minute):
+			p.collect(l)
+			continue
+		case age > 2*dur:
+			continue // a dead peer's
+		case age > dur:
+			return backend.PeerUse{}, fmt.Errorf("%w: peer %s last renewed its lease %s ago (expired %s ago)",
+				backend.ErrPeerInDoubt, holder, age.Round(time.Second), (age - dur).Round(time.Second))
+		}
+		var entries map[string]publishedUse
+		if s := l.Annotations[AnnotationUse]; s != "" {
+			if err := json.Unmarshal([]byte(s), &entries); err != nil {
+				return backend.PeerUse{}, fmt.Errorf("%w: peer %s's lease has an unreadable %s annotation: %v", backend.ErrPeerInDoubt, holder, AnnotationUse, err)
+			}
+		}
+		e, ok := entries[project]
+		if !ok {
+			continue
+		}
+		pu.Conns += e.Conns
+		pu.Waking = pu.Waking || e.Waking
+		if e.LastActive > 0 {
+			if t := time.UnixMilli(e.LastActive); t.After(pu.LastActive) {
+				pu.LastActive = t
+			}
+		}
+		if e.Conns > 0 || e.Waking {
+			pu.Peers = append(pu.Peers, holder)
+		}
+	}
+	sort.Strings(pu.Peers)
+	return pu, nil
+}
+
+// collect deletes a Lease long expired: its process is gone for good. The
+// precondition keeps a Lease that was renewed meanwhile.
+func (p *peers) collect(l *coordinationv1.Lease) {
+	rv := l.ResourceVersion
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := p.b.cs.CoordinationV1().Leases(p.b.ns).Delete(ctx, l.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{ResourceVersion: &rv},
+		})
+		if err == nil {
+			p.b.log.Info("deleted a long-expired peer lease", "lease", l.Name)
+		}
+	}()
+}
+
+// Use implements backend.Shared.
+func (b *Backend) Use(project string, u backend.Use) {
+	if b.peers != nil {
+		b.peers.use(project, u)
+	}
+}
+
+// PeerUse implements backend.Shared.
+func (b *Backend) PeerUse(ctx context.Context, project string) (backend.PeerUse, error) {
+	if b.peers == nil {
+		return backend.PeerUse{}, nil
+	}
+	return b.peers.peerUse(ctx, project)
+}
+
+// Peer is this process's name among the pgwake processes of the
+// namespace, and its Lease's.
+func (b *Backend) Peer() (id, lease string) {
+	if b.peers == nil {
+		return "", ""
+	}
+	return b.peers.id, b.peers.lease
+}
