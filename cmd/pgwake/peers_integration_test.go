@@ -10,13 +10,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -223,4 +227,71 @@ func TestIntegrationKubernetesPeersStorm(t *testing.T) {
 	hs[2].wantNotes(t, "app", want...)
 	data, _ := json.Marshal(hs[1].mustProject(t, "app").Events)
 	t.Logf("pgwake 1's events: %s", data)
+}
+
+// TestIntegrationKubernetesPeersCancel: a session through pgwake A, its
+// CancelRequest sent to pgwake B (behind a Service it could land on
+// either): B finds A by the tag in the key A issued, A passes it to the
+// server, and the query ends with 57014.
+func TestIntegrationKubernetesPeersCancel(t *testing.T) {
+	t.Parallel()
+	env := kubeenv.Shared(t)
+	ns := env.NewNamespace(t)
+	a, b := peerHarness(t, ns), peerHarness(t, ns)
+	a.up(t)
+	infoB, _ := b.up(t)
+	a.ok(t, "create", "app")
+	a.ok(t, "wake", "app")
+
+	conn := a.connect(t, "app")
+	key := conn.PgConn().SecretKey()
+	list, err := env.Client.CoordinationV1().Leases(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "dev.pgwake.role=peer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags []string
+	for _, l := range list.Items {
+		tags = append(tags, l.Annotations["dev.pgwake.cancel"])
+	}
+	if len(key) == 0 || key[0] == 0 || !strings.Contains(strings.Join(tags, ","), fmt.Sprintf("%d 127.0.0.1:", key[0])) {
+		t.Fatalf("key %x does not carry a tag its peers publish (%q)", key, tags)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(context.Background(), "select pg_sleep(120)")
+		done <- err
+	}()
+	watcher := a.connect(t, "app")
+	eventually(t, "the query runs", func() string {
+		var n int
+		if err := watcher.QueryRow(t.Context(), "select count(*) from pg_stat_activity where query = 'select pg_sleep(120)' and state = 'active'").Scan(&n); err != nil || n != 1 {
+			return fmt.Sprintf("%d running, err %v", n, err)
+		}
+		return ""
+	})
+
+	packet, err := (&pgproto3.CancelRequest{ProcessID: conn.PgConn().PID(), SecretKey: key}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", infoB.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(packet); err != nil {
+		t.Fatal(err)
+	}
+	c.Read(make([]byte, 1)) // B closes once it passed the cancel on
+	c.Close()
+
+	select {
+	case err := <-done:
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+			t.Fatalf("query ended with %v, want 57014", err)
+		}
+	case <-time.After(cmdTimeout):
+		t.Fatal("the query was not cancelled")
+	}
 }

@@ -104,6 +104,7 @@ type KubeConfig struct {
 	StorageSize  string `yaml:"storage_size" flag:"storage-size" usage:"kubernetes backend: size of new projects' volumes"`
 	Dial         string `yaml:"dial" usage:"kubernetes backend: how pgwake reaches servers: auto (Pod IP inside the cluster, else port-forward), pod-ip or port-forward"`
 	Peer         string `yaml:"peer" usage:"kubernetes backend: this pgwake's name among those serving the namespace (default the Pod's name inside the cluster, else hostname-instance)"`
+	PeerAddress  string `yaml:"peer_address" usage:"kubernetes backend: where this pgwake's peers send it cancel requests (default POD_IP with the proxy's port in a pod, else the proxy's address)"`
 	// LeaseDuration: how long this pgwake's published use of the projects
 	// counts for its peers after each renewal.
 	LeaseDuration time.Duration `yaml:"lease_duration" usage:"kubernetes backend: how long this pgwake's published connection counts stay valid for its peers (renewed every third of it)"`

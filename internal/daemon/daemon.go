@@ -188,7 +188,13 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	}
 
 	d.metrics = metrics.New(d.Projects)
+	// Replicas in front of one namespace route cancels among themselves.
+	var cancels proxy.CancelRouter
+	if l := d.backends["kubernetes"]; l != nil {
+		cancels = l
+	}
 	d.srv, err = proxy.New(proxy.Options{
+		Cancels:    cancels,
 		OnChange:   d.hub.changed,
 		OnWake:     d.metrics.ObserveWake,
 		OnConnDone: d.metrics.ConnDone,
@@ -226,6 +232,11 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return nil, fmt.Errorf("listen for clients: %w", err)
 	}
 	d.cleanups = append(d.cleanups, func() { d.ln.Close() })
+	if l := d.backends["kubernetes"]; l != nil {
+		addr := advertiseAddr(cfg.Kubernetes.PeerAddress, d.ln.Addr())
+		l.Advertise(addr)
+		log.Info("cancel requests for sessions of this pgwake are accepted from its peers", "peer_address", addr)
+	}
 	d.cleanups = append(d.cleanups, d.closeProjectPorts)
 	d.openProjectPorts()
 	// Backends that keep projects themselves (a Kubernetes namespace):
@@ -913,4 +924,26 @@ func DeclaredRequest(pc config.ProjectConfig) admin.CreateRequest {
 		req.Ephemeral = &pc.Ephemeral
 	}
 	return req
+}
+
+// advertiseAddr is where this pgwake's peers send it CancelRequests:
+// kubernetes.peer_address when set; else, in a pod, the Pod's IP
+// (POD_IP, from the downward API) with the proxy's port; else the proxy's
+// own address, unless it listens on every interface (no single address
+// names it; peers then cannot forward to it, and say so in their log).
+func advertiseAddr(explicit string, ln net.Addr) string {
+	if explicit != "" {
+		return explicit
+	}
+	host, port, err := net.SplitHostPort(ln.String())
+	if err != nil {
+		return ""
+	}
+	if ip := os.Getenv("POD_IP"); ip != "" {
+		return net.JoinHostPort(ip, port)
+	}
+	if a := net.ParseIP(host); a == nil || a.IsUnspecified() {
+		return ""
+	}
+	return ln.String()
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/proxy"
 )
 
 // lazyBackend is a backend as the daemon holds it: connected, or not (yet)
@@ -34,6 +35,7 @@ type lazyBackend struct {
 	connecting bool
 	closed     bool
 	ready      chan struct{} // closed once be is set
+	advertised string        // where this process accepts cancels, for a backend that routes them
 }
 
 var (
@@ -47,7 +49,16 @@ var (
 	_ backend.Describer      = (*lazyBackend)(nil)
 	_ backend.Phaser         = (*lazyBackend)(nil)
 	_ backend.Shared         = (*lazyBackend)(nil)
+	_ cancelRouter           = (*lazyBackend)(nil)
 )
+
+// cancelRouter is a backend that routes CancelRequests among the pgwake
+// processes sharing it (the kubernetes backend, through its peer Leases).
+type cancelRouter interface {
+	proxy.CancelRouter
+	// Advertise says where this process accepts CancelRequests.
+	Advertise(addr string)
+}
 
 // connectTimeout bounds one attempt to connect a backend (the Docker
 // backend pings its engine for at most 5 s).
@@ -134,6 +145,9 @@ func (l *lazyBackend) get(ctx context.Context) (backend.Backend, error) {
 		return nil, l.err
 	}
 	l.be, l.err = be, nil
+	if r, ok := be.(cancelRouter); ok && l.advertised != "" {
+		r.Advertise(l.advertised)
+	}
 	close(l.ready)
 	l.log.Info("backend connected; its projects are served again", "backend", l.name)
 	return be, nil
@@ -354,4 +368,39 @@ func (l *lazyBackend) PeerUse(ctx context.Context, project string) (backend.Peer
 		return sh.PeerUse(ctx, project)
 	}
 	return backend.PeerUse{}, nil
+}
+
+// CancelTag implements proxy.CancelRouter.
+func (l *lazyBackend) CancelTag() byte {
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
+	if r, ok := be.(cancelRouter); ok {
+		return r.CancelTag()
+	}
+	return 0
+}
+
+// CancelPeers implements proxy.CancelRouter.
+func (l *lazyBackend) CancelPeers(ctx context.Context, tag byte) ([]string, error) {
+	be, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r, ok := be.(cancelRouter); ok {
+		return r.CancelPeers(ctx, tag)
+	}
+	return nil, nil
+}
+
+// Advertise implements cancelRouter; a backend connected later is told
+// when it connects.
+func (l *lazyBackend) Advertise(addr string) {
+	l.mu.Lock()
+	l.advertised = addr
+	be := l.be
+	l.mu.Unlock()
+	if r, ok := be.(cancelRouter); ok {
+		r.Advertise(addr)
+	}
 }

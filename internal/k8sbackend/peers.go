@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -31,10 +33,13 @@ import (
 // Peer Leases: labelled as pgwake's, with the role that tells them from
 // anything else pgwake might keep as a Lease.
 const (
-	LabelRole       = "dev.pgwake.role"
-	rolePeer        = "peer"
-	AnnotationUse   = "dev.pgwake.use"
-	peerLeasePrefix = "pgwake-peer-"
+	LabelRole     = "dev.pgwake.role"
+	rolePeer      = "peer"
+	AnnotationUse = "dev.pgwake.use"
+	// AnnotationCancel is "TAG ADDR": the tag this process puts in the
+	// cancel keys it issues, and where it accepts CancelRequests.
+	AnnotationCancel = "dev.pgwake.cancel"
+	peerLeasePrefix  = "pgwake-peer-"
 )
 
 // minGap spaces the Lease writes of one process.
@@ -60,7 +65,10 @@ type peers struct {
 	lease    string // its Lease's name
 	duration time.Duration
 
+	tag atomic.Uint32 // in the cancel keys this process issues; chosen by run
+
 	mu      sync.Mutex
+	addr    string // where this process accepts CancelRequests
 	uses    map[string]backend.Use
 	current *coordinationv1.Lease // as last written, for the next update
 	failing bool                  // the last write failed (logged once)
@@ -124,6 +132,7 @@ func newPeers(b *Backend, id string, duration time.Duration) *peers {
 // wait for it to expire.
 func (p *peers) run(ctx context.Context) {
 	defer close(p.done)
+	p.chooseTag(ctx)
 	t := time.NewTicker(p.duration / 3)
 	defer t.Stop()
 	for {
@@ -185,6 +194,7 @@ func (p *peers) publish(ctx context.Context) {
 		entries[name] = e
 	}
 	cur := p.current
+	cancelAnn := strconv.Itoa(int(p.tag.Load())) + " " + p.addr
 	p.mu.Unlock()
 	data, err := json.Marshal(entries)
 	if err != nil {
@@ -201,7 +211,7 @@ func (p *peers) publish(ctx context.Context) {
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        p.lease,
 				Labels:      map[string]string{LabelManaged: "true", LabelRole: rolePeer},
-				Annotations: map[string]string{AnnotationUse: string(data)},
+				Annotations: map[string]string{AnnotationUse: string(data), AnnotationCancel: cancelAnn},
 			},
 			Spec: coordinationv1.LeaseSpec{
 				HolderIdentity: &p.id, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now,
@@ -212,11 +222,11 @@ func (p *peers) publish(ctx context.Context) {
 			// Left by an earlier run of this process (same Pod name), or
 			// deleted and re-created: take it over.
 			if cur, err = leases.Get(ctx, p.lease, metav1.GetOptions{}); err == nil {
-				out, err = p.update(ctx, cur, data, now, secs)
+				out, err = p.update(ctx, cur, data, cancelAnn, now, secs)
 			}
 		}
 	} else {
-		out, err = p.update(ctx, cur, data, now, secs)
+		out, err = p.update(ctx, cur, data, cancelAnn, now, secs)
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			p.mu.Lock()
 			p.current = nil // read it again, or create it, on the next try
@@ -240,62 +250,82 @@ func (p *peers) publish(ctx context.Context) {
 	p.current = out
 }
 
-func (p *peers) update(ctx context.Context, cur *coordinationv1.Lease, data []byte, now metav1.MicroTime, secs int32) (*coordinationv1.Lease, error) {
+func (p *peers) update(ctx context.Context, cur *coordinationv1.Lease, data []byte, cancelAnn string, now metav1.MicroTime, secs int32) (*coordinationv1.Lease, error) {
 	l := cur.DeepCopy()
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[AnnotationUse] = string(data)
+	l.Annotations[AnnotationCancel] = cancelAnn
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &p.id, &secs, &now
 	return p.b.cs.CoordinationV1().Leases(p.b.ns).Update(ctx, l, metav1.UpdateOptions{})
 }
 
-// peerUse lists the peer Leases and sums the live ones' use of project.
-// A Lease past its duration but not past twice that is in doubt (the peer
-// may be alive and unable to renew); one older than that is a dead peer's
-// and ignored; one much older is deleted.
-func (p *peers) peerUse(ctx context.Context, project string) (backend.PeerUse, error) {
+// peerLease is another process's Lease as read now.
+type peerLease struct {
+	*coordinationv1.Lease
+	holder string
+	age    time.Duration // since its last renewal
+	dur    time.Duration
+}
+
+// listPeers lists the other processes' Leases. Long-expired ones (their
+// process is gone for good) are deleted on the way and not returned.
+func (p *peers) listPeers(ctx context.Context) ([]peerLease, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelManaged: "true", LabelRole: rolePeer}).String()
 	list, err := p.b.cs.CoordinationV1().Leases(p.b.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return backend.PeerUse{}, p.b.apiErr(err, "list peer leases")
+		return nil, p.b.apiErr(err, "list peer leases")
 	}
 	now := time.Now()
-	var pu backend.PeerUse
+	var out []peerLease
 	for i := range list.Items {
 		l := &list.Items[i]
 		if l.Name == p.lease {
 			continue
 		}
-		holder := l.Name
+		pl := peerLease{Lease: l, holder: l.Name, dur: p.duration}
 		if l.Spec.HolderIdentity != nil {
-			holder = *l.Spec.HolderIdentity
+			pl.holder = *l.Spec.HolderIdentity
 		}
-		dur := p.duration
 		if l.Spec.LeaseDurationSeconds != nil {
-			dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+			pl.dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 		}
-		var age time.Duration
-		switch {
-		case l.Spec.RenewTime != nil:
-			age = now.Sub(l.Spec.RenewTime.Time)
-		default:
-			age = now.Sub(l.CreationTimestamp.Time)
+		if l.Spec.RenewTime != nil {
+			pl.age = now.Sub(l.Spec.RenewTime.Time)
+		} else {
+			pl.age = now.Sub(l.CreationTimestamp.Time)
 		}
-		switch {
-		case age > max(10*dur, 10*time.Minute):
+		if pl.age > max(10*pl.dur, 10*time.Minute) {
 			p.collect(l)
 			continue
-		case age > 2*dur:
+		}
+		out = append(out, pl)
+	}
+	return out, nil
+}
+
+// peerUse sums the live peers' use of project. A Lease past its duration
+// but not past twice that is in doubt (the peer may be alive and unable to
+// renew); one older than that is a dead peer's and ignored.
+func (p *peers) peerUse(ctx context.Context, project string) (backend.PeerUse, error) {
+	list, err := p.listPeers(ctx)
+	if err != nil {
+		return backend.PeerUse{}, err
+	}
+	var pu backend.PeerUse
+	for _, l := range list {
+		switch {
+		case l.age > 2*l.dur:
 			continue // a dead peer's
-		case age > dur:
+		case l.age > l.dur:
 			return backend.PeerUse{}, fmt.Errorf("%w: peer %s last renewed its lease %s ago (expired %s ago)",
-				backend.ErrPeerInDoubt, holder, age.Round(time.Second), (age - dur).Round(time.Second))
+				backend.ErrPeerInDoubt, l.holder, l.age.Round(time.Second), (l.age - l.dur).Round(time.Second))
 		}
 		var entries map[string]publishedUse
 		if s := l.Annotations[AnnotationUse]; s != "" {
 			if err := json.Unmarshal([]byte(s), &entries); err != nil {
-				return backend.PeerUse{}, fmt.Errorf("%w: peer %s's lease has an unreadable %s annotation: %v", backend.ErrPeerInDoubt, holder, AnnotationUse, err)
+				return backend.PeerUse{}, fmt.Errorf("%w: peer %s's lease has an unreadable %s annotation: %v", backend.ErrPeerInDoubt, l.holder, AnnotationUse, err)
 			}
 		}
 		e, ok := entries[project]
@@ -310,11 +340,62 @@ func (p *peers) peerUse(ctx context.Context, project string) (backend.PeerUse, e
 			}
 		}
 		if e.Conns > 0 || e.Waking {
-			pu.Peers = append(pu.Peers, holder)
+			pu.Peers = append(pu.Peers, l.holder)
 		}
 	}
 	sort.Strings(pu.Peers)
 	return pu, nil
+}
+
+// cancelOf reads a Lease's cancel annotation.
+func cancelOf(l *coordinationv1.Lease) (tag byte, addr string) {
+	t, a, _ := strings.Cut(l.Annotations[AnnotationCancel], " ")
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 1 || n > 255 {
+		return 0, ""
+	}
+	return byte(n), a
+}
+
+// chooseTag picks this process's cancel tag: derived from its id, moved on
+// past the tags of live peers. Two processes starting at once may still
+// pick the same one; a cancel then goes to both, and the one without the
+// session drops it.
+func (p *peers) chooseTag(ctx context.Context) {
+	sum := sha256.Sum256([]byte(p.id))
+	tag := sum[0]%255 + 1
+	taken := map[byte]bool{}
+	lctx, cancel := context.WithTimeout(ctx, p.duration/3)
+	defer cancel()
+	if list, err := p.listPeers(lctx); err == nil {
+		for _, l := range list {
+			if l.age <= 2*l.dur {
+				if t, _ := cancelOf(l.Lease); t != 0 {
+					taken[t] = true
+				}
+			}
+		}
+	}
+	for i := 0; i < 255 && taken[tag]; i++ {
+		tag = tag%255 + 1
+	}
+	p.tag.Store(uint32(tag))
+}
+
+// cancelPeers returns where the peers issuing tag accept CancelRequests:
+// live ones, and those only just expired, which may still carry sessions.
+func (p *peers) cancelPeers(ctx context.Context, tag byte) ([]string, error) {
+	list, err := p.listPeers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var addrs []string
+	for _, l := range list {
+		if t, addr := cancelOf(l.Lease); t == tag && addr != "" && l.age <= 2*l.dur {
+			addrs = append(addrs, addr)
+		}
+	}
+	return addrs, nil
 }
 
 // collect deletes a Lease long expired: its process is gone for good. The
@@ -346,6 +427,38 @@ func (b *Backend) PeerUse(ctx context.Context, project string) (backend.PeerUse,
 		return backend.PeerUse{}, nil
 	}
 	return b.peers.peerUse(ctx, project)
+}
+
+// CancelTag implements proxy.CancelRouter: the tag in the cancel keys this
+// process issues, zero until its peers were read once.
+func (b *Backend) CancelTag() byte {
+	if b.peers == nil {
+		return 0
+	}
+	return byte(b.peers.tag.Load())
+}
+
+// CancelPeers implements proxy.CancelRouter.
+func (b *Backend) CancelPeers(ctx context.Context, tag byte) ([]string, error) {
+	if b.peers == nil {
+		return nil, nil
+	}
+	return b.peers.cancelPeers(ctx, tag)
+}
+
+// Advertise says where this process accepts CancelRequests (its proxy's
+// address as its peers reach it); published with its Lease.
+func (b *Backend) Advertise(addr string) {
+	if b.peers == nil {
+		return
+	}
+	b.peers.mu.Lock()
+	b.peers.addr = addr
+	b.peers.mu.Unlock()
+	select {
+	case b.peers.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Peer is this process's name among the pgwake processes of the

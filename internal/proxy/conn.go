@@ -400,10 +400,14 @@ func copyClientToServer(c *clientConn) int64 {
 }
 
 func copyServerToClient(c *clientConn, first []byte) int64 {
-	n, key, err := relayStartup(c.conn, c.upstream, first)
-	if key != nil {
-		c.srv.cancels.add(key, c.upstream.RemoteAddr().String())
-		defer c.srv.cancels.remove(key)
+	addr := c.upstream.RemoteAddr().String()
+	var issued []byte
+	n, err := relayStartup(c.conn, c.upstream, first, func(key []byte) []byte {
+		issued = c.srv.cancels.issue(c.srv.cancelTag(), key, addr)
+		return issued
+	})
+	if issued != nil {
+		defer c.srv.cancels.remove(issued)
 	}
 	if err != nil {
 		return n
@@ -418,50 +422,51 @@ const maxStartupMessage = 1 << 20
 
 // relayStartup forwards the server's messages to the client, starting with
 // the already-read first bytes (a header, or a whole error message), until
-// ReadyForQuery or an error, and returns the BackendKeyData it saw.
-func relayStartup(client io.Writer, up io.Reader, first []byte) (n int64, key []byte, err error) {
+// ReadyForQuery or an error. The server's BackendKeyData (pid + secret) is
+// handed to rekey, and the client gets the key rekey returns instead.
+func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key []byte) []byte) (n int64, err error) {
 	write := func(b []byte) error {
 		w, err := client.Write(b)
 		n += int64(w)
 		return err
 	}
 	if err := write(first); err != nil {
-		return n, nil, err
+		return n, err
 	}
 	if len(first) < 5 || first[0] == 'E' {
-		return n, nil, nil // a whole error message was passed on
+		return n, nil // a whole error message was passed on
 	}
 	h := pgwire.ReplyHeader(first[:5])
 	var buf []byte // reused: a dozen small messages per session
 	for {
 		body := h.BodyLen()
 		if body < 0 || body > maxStartupMessage {
-			return n, key, fmt.Errorf("server message with length %d during startup", h.Len())
+			return n, fmt.Errorf("server message with length %d during startup", h.Len())
 		}
 		if cap(buf) < body {
 			buf = make([]byte, body)
 		}
 		buf = buf[:body]
 		if _, err := io.ReadFull(up, buf); err != nil {
-			return n, key, err
+			return n, err
 		}
-		if err := write(buf); err != nil {
-			return n, key, err
+		out := buf
+		// Protocol 3.0: 4-byte pid + 4-byte key; 3.2 (PG18): up to 256.
+		if h.Type() == 'K' && len(buf) >= 8 {
+			out = rekey(buf)
+		}
+		if err := write(out); err != nil {
+			return n, err
 		}
 		switch h.Type() {
-		case 'K':
-			// Protocol 3.0: 4-byte pid + 4-byte key; 3.2 (PG18): up to 256.
-			if len(buf) >= 8 {
-				key = append([]byte(nil), buf...)
-			}
 		case 'Z', 'E':
-			return n, key, nil
+			return n, nil
 		}
 		if _, err := io.ReadFull(up, h[:]); err != nil {
-			return n, key, err
+			return n, err
 		}
 		if err := write(h[:]); err != nil {
-			return n, key, err
+			return n, err
 		}
 	}
 }

@@ -7,39 +7,47 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// TestRelayStartupLearnsKeys feeds relayStartup a server's startup replies
-// as bytes (protocol 3.0 and 3.2 key lengths) and checks that everything
-// reaches the client unchanged and the key is learned.
-func TestRelayStartupLearnsKeys(t *testing.T) {
+// TestRelayStartupReissuesKeys feeds relayStartup a server's startup
+// replies as bytes (protocol 3.0 and 3.2 key lengths) and checks that the
+// server's key is handed over, the client gets the key issued in its place
+// and everything else unchanged, and nothing past ReadyForQuery is read.
+func TestRelayStartupReissuesKeys(t *testing.T) {
 	t.Parallel()
-	for _, keyLen := range []int{4, 32, 256} {
-		secret := bytes.Repeat([]byte{0xab}, keyLen)
+	encode := func(secret []byte) []byte {
 		var stream []byte
 		for _, m := range []pgproto3.BackendMessage{
 			&pgproto3.AuthenticationOk{},
 			&pgproto3.ParameterStatus{Name: "server_version", Value: "18"},
 			&pgproto3.BackendKeyData{ProcessID: 4242, SecretKey: secret},
 			&pgproto3.ReadyForQuery{TxStatus: 'I'},
-			&pgproto3.CommandComplete{CommandTag: []byte("AFTER")}, // must stay unread
 		} {
 			var err error
 			if stream, err = m.Encode(stream); err != nil {
 				t.Fatal(err)
 			}
 		}
+		return stream
+	}
+	for _, keyLen := range []int{4, 32, 256} {
+		secret := bytes.Repeat([]byte{0xab}, keyLen)
+		issued := bytes.Repeat([]byte{0xcd}, keyLen)
+		after, _ := (&pgproto3.CommandComplete{CommandTag: []byte("AFTER")}).Encode(nil) // must stay unread
+		stream := append(encode(secret), after...)
 		first, rest := stream[:5], bytes.NewReader(stream[5:])
 		var client bytes.Buffer
-		n, key, err := relayStartup(&client, rest, first)
+		var got []byte
+		n, err := relayStartup(&client, rest, first, func(key []byte) []byte {
+			got = append([]byte(nil), key...)
+			return append([]byte{0, 0, 0x10, 0x92}, issued...)
+		})
 		if err != nil {
 			t.Fatalf("key %d: %v", keyLen, err)
 		}
-		want := append([]byte{0, 0, 0x10, 0x92}, secret...) // pid 4242
-		if !bytes.Equal(key, want) {
-			t.Fatalf("key %d: learned %x, want %x", keyLen, key, want)
+		if want := append([]byte{0, 0, 0x10, 0x92}, secret...); !bytes.Equal(got, want) { // pid 4242
+			t.Fatalf("key %d: handed %x, want the server's %x", keyLen, got, want)
 		}
-		after, _ := (&pgproto3.CommandComplete{CommandTag: []byte("AFTER")}).Encode(nil)
-		if got := client.Bytes(); !bytes.Equal(got, stream[:len(stream)-len(after)]) || n != int64(len(got)) {
-			t.Fatalf("key %d: client got %d bytes (n=%d), want the %d startup bytes", keyLen, len(got), n, len(stream)-len(after))
+		if want := encode(issued); !bytes.Equal(client.Bytes(), want) || n != int64(len(want)) {
+			t.Fatalf("key %d: client got %x (n=%d), want %x", keyLen, client.Bytes(), n, want)
 		}
 		if rest.Len() != len(after) {
 			t.Fatalf("key %d: relay read past ReadyForQuery (%d bytes left, want %d)", keyLen, rest.Len(), len(after))
@@ -50,16 +58,26 @@ func TestRelayStartupLearnsKeys(t *testing.T) {
 func TestCancelRegistry(t *testing.T) {
 	t.Parallel()
 	var r cancelRegistry
-	k1, k2 := []byte{0, 0, 0, 1, 9, 9, 9, 9}, []byte{0, 0, 0, 1, 8, 8, 8, 8}
-	r.add(k1, "10.0.0.1:5432")
-	if addr, ok := r.lookup(k1); !ok || addr != "10.0.0.1:5432" {
-		t.Fatalf("lookup k1 = %q %v", addr, ok)
+	server := []byte{0, 0, 0, 1, 9, 9, 9, 9}
+	k1 := r.issue(0, server, "10.0.0.1:5432")
+	if len(k1) != len(server) || !bytes.Equal(k1[:4], server[:4]) || bytes.Equal(k1, server) {
+		t.Fatalf("issued %x for %x: want the same pid and length, another secret", k1, server)
 	}
-	if _, ok := r.lookup(k2); ok {
-		t.Fatal("a key with the same pid but another secret matched")
+	if s, ok := r.lookup(k1); !ok || s.addr != "10.0.0.1:5432" || !bytes.Equal(s.key, server) {
+		t.Fatalf("lookup = %+v %v", s, ok)
+	}
+	if _, ok := r.lookup(server); ok {
+		t.Fatal("the server's own key is accepted from clients")
+	}
+	k2 := r.issue(0x2a, server, "10.0.0.2:5432")
+	if k2[4] != 0x2a || bytes.Equal(k1, k2) {
+		t.Fatalf("issued %x with tag 0x2a", k2)
 	}
 	r.remove(k1)
 	if _, ok := r.lookup(k1); ok {
 		t.Fatal("key still known after the session ended")
+	}
+	if _, ok := r.lookup(k2); !ok {
+		t.Fatal("removing one session forgot another")
 	}
 }

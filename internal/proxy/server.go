@@ -63,6 +63,11 @@ type Options struct {
 	// (for servers reached over a network); nil connects in plaintext.
 	UpstreamTLS *tls.Config
 
+	// Cancels, if set, routes CancelRequests among the pgwake processes
+	// serving the same projects: the keys this proxy issues carry its tag,
+	// and a key with another's is forwarded to it.
+	Cancels CancelRouter
+
 	// Hooks, called without locks held; all optional. OnChange follows any
 	// change of a project's state or counts; OnWake every finished wake;
 	// OnConnDone every proxied connection when it closes, with the bytes it
