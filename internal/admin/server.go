@@ -198,7 +198,9 @@ func RequireToken(token string, h http.Handler) http.Handler {
 	}
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		// Probes carry no token (a kubelet's httpGet cannot read a Secret);
+		// they learn only whether pgwake serves.
+		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "missing or wrong bearer token"})
 			return

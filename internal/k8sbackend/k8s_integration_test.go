@@ -521,14 +521,14 @@ func TestIntegrationCatalogSharedByTwoBackends(t *testing.T) {
 }
 
 // TestIntegrationDocumentedRBACSuffices runs a project's whole life as a
-// user that holds the Role in examples/kubernetes-rbac.yaml and nothing
+// user that holds the Role in deploy/kubernetes/base/role.yaml and nothing
 // else: what the README tells users to grant is enough.
 func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 	t.Parallel()
 	env := kubeenv.Shared(t)
 	ns := env.NewNamespace(t)
 	ctx := t.Context()
-	data, err := os.ReadFile("../../examples/kubernetes-rbac.yaml")
+	data, err := os.ReadFile("../../deploy/kubernetes/base/role.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

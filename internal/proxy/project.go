@@ -928,9 +928,11 @@ func (p *project) shutdown() error {
 		p.mu.Unlock()
 		return nil // its remover stops it
 	}
-	if p.state == StateRunning && p.shared != nil {
+	if p.shared != nil {
 		// Other pgwake processes may serve it still (a rolling restart of
-		// replicas): their clients keep it awake, as any doubt does.
+		// replicas): their clients keep it awake, as any doubt does. Also
+		// when it is not Running here: a peer may have woken it since this
+		// process last heard.
 		p.mu.Unlock()
 		if _, why := p.askPeers(); why != "" {
 			p.log.Info("left running for other pgwake processes", "why", why)
