@@ -383,10 +383,11 @@ func (l *lazyBackend) CancelTag() byte {
 
 // CancelPeers implements proxy.CancelRouter.
 func (l *lazyBackend) CancelPeers(ctx context.Context, tag byte) ([]string, error) {
-	be, err := l.get(ctx)
-	if err != nil {
-		return nil, err
-	}
+	// Never connects: a CancelRequest (sent by anyone, unauthenticated)
+	// must not make pgwake dial its runtime.
+	l.mu.Lock()
+	be := l.be
+	l.mu.Unlock()
 	if r, ok := be.(cancelRouter); ok {
 		return r.CancelPeers(ctx, tag)
 	}

@@ -205,6 +205,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		raw, _ := cc.RawConfig()
 		inCluster = len(raw.Contexts) == 0 && os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 		cfg.UserAgent = "pgwake"
+		// client-go's default (5/s) is shared by every call; the peer
+		// Lease's renewal must not queue behind a burst of list calls.
+		cfg.QPS, cfg.Burst = 50, 100
 		b.cfg = cfg
 		if b.cs, err = kubernetes.NewForConfig(cfg); err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -271,18 +274,29 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if _, err := b.cs.CoreV1().Secrets(b.ns).List(cctx, sel); err != nil {
 		return nil, b.apiErr(err, "list secrets")
 	}
+	peersOK := true
 	if _, err := b.cs.CoordinationV1().Leases(b.ns).List(cctx, metav1.ListOptions{LabelSelector: LabelRole + "=" + rolePeer, Limit: 1}); err != nil {
-		return nil, b.apiErr(err, "list leases (peer-aware idle)")
+		if !apierrors.IsForbidden(err) {
+			return nil, b.apiErr(err, "list leases (peer-aware idle)")
+		}
+		// A Role from before peer-aware idle: serve as before, and say
+		// what that means.
+		peersOK = false
+		log.Warn("peer-aware idle is off: RBAC forbids leases; grant them (see the README's Kubernetes section), or several pgwakes on this namespace put projects to sleep under each other's clients",
+			"err", b.apiErr(err, "list leases"))
 	}
 	if err := b.startInformers(ctx); err != nil {
 		return nil, err
 	}
-	b.peers = newPeers(b, peerID(opts.Peer, opts.Instance, inCluster), opts.LeaseDuration)
-	pctx, stopPeers := context.WithCancel(context.Background())
-	b.stopPeers = stopPeers
-	go b.peers.run(pctx)
+	if peersOK {
+		b.peers = newPeers(b, peerID(opts.Peer, opts.Instance, inCluster), opts.LeaseDuration)
+		pctx, stopPeers := context.WithCancel(context.Background())
+		b.stopPeers = stopPeers
+		go b.peers.run(pctx)
+	}
+	id, lease := b.Peer()
 	log.Info("kubernetes backend", "server", b.server, "namespace", b.ns, "dial", b.dial, "why", b.dialWhy,
-		"peer", b.peers.id, "lease", b.peers.lease)
+		"peer", id, "lease", lease)
 	return b, nil
 }
 

@@ -10,9 +10,11 @@ package k8sbackend
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -39,7 +41,9 @@ const (
 	// AnnotationCancel is "TAG ADDR": the tag this process puts in the
 	// cancel keys it issues, and where it accepts CancelRequests.
 	AnnotationCancel = "dev.pgwake.cancel"
-	peerLeasePrefix  = "pgwake-peer-"
+	// AnnotationRun tells one run of a process from another.
+	AnnotationRun   = "dev.pgwake.run"
+	peerLeasePrefix = "pgwake-peer-"
 )
 
 // minGap spaces the Lease writes of one process.
@@ -72,9 +76,13 @@ type peers struct {
 	uses    map[string]backend.Use
 	current *coordinationv1.Lease // as last written, for the next update
 	failing bool                  // the last write failed (logged once)
+	runID   string                // this run of the process, to tell a namesake's Lease from an earlier run's
 	kick    chan struct{}
-	stop    context.CancelFunc
 	done    chan struct{}
+
+	cacheMu   sync.Mutex
+	cached    []peerLease // the last list, for cancels
+	cachedAge time.Time
 }
 
 // peerID names this process among the pgwake processes of the namespace:
@@ -121,8 +129,10 @@ func newPeers(b *Backend, id string, duration time.Duration) *peers {
 	if duration <= 0 {
 		duration = DefaultLeaseDuration
 	}
+	var run [6]byte
+	rand.Read(run[:])
 	return &peers{
-		b: b, id: id, lease: leaseName(id), duration: duration,
+		b: b, id: id, lease: leaseName(id), duration: duration, runID: hex.EncodeToString(run[:]),
 		uses: map[string]backend.Use{}, kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 }
@@ -132,11 +142,16 @@ func newPeers(b *Backend, id string, duration time.Duration) *peers {
 // wait for it to expire.
 func (p *peers) run(ctx context.Context) {
 	defer close(p.done)
-	p.chooseTag(ctx)
+	p.chooseTag(ctx, false)
 	t := time.NewTicker(p.duration / 3)
 	defer t.Stop()
-	for {
+	for n := 0; ; n++ {
 		p.publish(ctx)
+		if n == 1 {
+			// Peers that started at the same time chose without seeing
+			// each other; now their Leases are there.
+			p.chooseTag(ctx, true)
+		}
 		// At most one write per minGap: a pool that opens and closes its
 		// only connection in a loop costs the API server little.
 		select {
@@ -182,62 +197,23 @@ func (p *peers) forget(project string) {
 }
 
 // publish writes the Lease: created when missing, else updated from the
-// last version written (only this process writes it).
+// last version written (only this process writes it). A conflict or a
+// Lease gone is retried at once: what is published may be a new use that
+// a peer about to sleep the server must see.
 func (p *peers) publish(ctx context.Context) {
-	p.mu.Lock()
-	entries := make(map[string]publishedUse, len(p.uses))
-	for name, u := range p.uses {
-		e := publishedUse{Conns: u.Conns, Waking: u.Waking}
-		if !u.LastActive.IsZero() {
-			e.LastActive = u.LastActive.UnixMilli()
-		}
-		entries[name] = e
-	}
-	cur := p.current
-	cancelAnn := strconv.Itoa(int(p.tag.Load())) + " " + p.addr
-	p.mu.Unlock()
-	data, err := json.Marshal(entries)
-	if err != nil {
-		return
-	}
-	now := metav1.NowMicro()
-	secs := int32((p.duration + time.Second - 1) / time.Second)
 	ctx, cancel := context.WithTimeout(ctx, p.duration/3)
 	defer cancel()
-	leases := p.b.cs.CoordinationV1().Leases(p.b.ns)
-	var out *coordinationv1.Lease
-	if cur == nil {
-		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:        p.lease,
-				Labels:      map[string]string{LabelManaged: "true", LabelRole: rolePeer},
-				Annotations: map[string]string{AnnotationUse: string(data), AnnotationCancel: cancelAnn},
-			},
-			Spec: coordinationv1.LeaseSpec{
-				HolderIdentity: &p.id, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now,
-			},
-		}
-		out, err = leases.Create(ctx, l, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			// Left by an earlier run of this process (same Pod name), or
-			// deleted and re-created: take it over.
-			if cur, err = leases.Get(ctx, p.lease, metav1.GetOptions{}); err == nil {
-				out, err = p.update(ctx, cur, data, cancelAnn, now, secs)
-			}
-		}
-	} else {
-		out, err = p.update(ctx, cur, data, cancelAnn, now, secs)
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			p.mu.Lock()
-			p.current = nil // read it again, or create it, on the next try
-			p.mu.Unlock()
+	var err error
+	for try := 0; try < 2; try++ {
+		if err = p.write(ctx); err == nil {
+			break
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
 		if !p.failing {
-			p.b.log.Warn("publish peer lease: peers keep this process's projects awake while it fails",
+			p.b.log.Warn("publish peer lease: once it is older than twice its duration, peers no longer count this process's clients",
 				"lease", p.lease, "err", p.b.apiErr(err, "write lease "+p.lease))
 		}
 		p.failing = true
@@ -247,16 +223,107 @@ func (p *peers) publish(ctx context.Context) {
 		p.b.log.Info("peer lease published again", "lease", p.lease)
 	}
 	p.failing = false
-	p.current = out
 }
 
-func (p *peers) update(ctx context.Context, cur *coordinationv1.Lease, data []byte, cancelAnn string, now metav1.MicroTime, secs int32) (*coordinationv1.Lease, error) {
+// write makes one attempt to write the Lease.
+func (p *peers) write(ctx context.Context) error {
+	p.mu.Lock()
+	entries := make(map[string]publishedUse, len(p.uses))
+	for name, u := range p.uses {
+		e := publishedUse{Conns: u.Conns, Waking: u.Waking}
+		if !u.LastActive.IsZero() {
+			e.LastActive = u.LastActive.UnixMilli()
+		}
+		entries[name] = e
+	}
+	cur, name := p.current, p.lease
+	ann := map[string]string{
+		AnnotationCancel: strconv.Itoa(int(p.tag.Load())) + " " + p.addr,
+		AnnotationRun:    p.runID,
+	}
+	p.mu.Unlock()
+	data, err := json.Marshal(entries)
+	if err != nil {
+		return err
+	}
+	ann[AnnotationUse] = string(data)
+	now := metav1.NowMicro()
+	secs := int32((p.duration + time.Second - 1) / time.Second)
+	leases := p.b.cs.CoordinationV1().Leases(p.b.ns)
+	var out *coordinationv1.Lease
+	if cur == nil {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:        name,
+				Labels:      map[string]string{LabelManaged: "true", LabelRole: rolePeer},
+				Annotations: ann,
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity: &p.id, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now,
+			},
+		}
+		out, err = leases.Create(ctx, l, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			if cur, err = leases.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+			if p.namesake(cur) {
+				return errNamesake
+			}
+			// An earlier run of this process (the same Pod name) left it.
+			out, err = p.update(ctx, cur, ann, now, secs)
+		}
+	} else {
+		out, err = p.update(ctx, cur, ann, now, secs)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			p.current = nil // read it again, or create it
+		}
+		return err
+	}
+	p.current = out
+	return nil
+}
+
+// errNamesake makes publish try again under the new name namesake chose.
+var errNamesake = errors.New("another live pgwake has this peer name")
+
+// namesake reports whether l, the Lease under this process's name, is a
+// live one of another process that has the same peer name (two pgwakes
+// given one kubernetes.peer): taking it over would hide each one's clients
+// from the other. This process then moves to a name of its own.
+func (p *peers) namesake(l *coordinationv1.Lease) bool {
+	if l.Annotations[AnnotationRun] == p.runID || l.Spec.RenewTime == nil ||
+		time.Since(l.Spec.RenewTime.Time) > time.Duration(ptrInt32(l.Spec.LeaseDurationSeconds))*time.Second {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.lease
+	p.lease = leaseName(p.id + "-" + p.runID)
+	p.b.log.Error("another live pgwake uses this peer name (kubernetes.peer): publishing under a name of this run's own; give each pgwake its own name",
+		"peer", p.id, "lease", old, "now", p.lease)
+	return true
+}
+
+func ptrInt32(v *int32) int32 {
+	if v == nil {
+		return 0
+	}
+	return *v
+}
+
+func (p *peers) update(ctx context.Context, cur *coordinationv1.Lease, ann map[string]string, now metav1.MicroTime, secs int32) (*coordinationv1.Lease, error) {
 	l := cur.DeepCopy()
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
-	l.Annotations[AnnotationUse] = string(data)
-	l.Annotations[AnnotationCancel] = cancelAnn
+	for k, v := range ann {
+		l.Annotations[k] = v
+	}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &p.id, &secs, &now
 	return p.b.cs.CoordinationV1().Leases(p.b.ns).Update(ctx, l, metav1.UpdateOptions{})
 }
@@ -278,10 +345,13 @@ func (p *peers) listPeers(ctx context.Context) ([]peerLease, error) {
 		return nil, p.b.apiErr(err, "list peer leases")
 	}
 	now := time.Now()
+	p.mu.Lock()
+	own := p.lease
+	p.mu.Unlock()
 	var out []peerLease
 	for i := range list.Items {
 		l := &list.Items[i]
-		if l.Name == p.lease {
+		if l.Name == own {
 			continue
 		}
 		pl := peerLease{Lease: l, holder: l.Name, dur: p.duration}
@@ -358,40 +428,79 @@ func cancelOf(l *coordinationv1.Lease) (tag byte, addr string) {
 }
 
 // chooseTag picks this process's cancel tag: derived from its id, moved on
-// past the tags of live peers. Two processes starting at once may still
-// pick the same one; a cancel then goes to both, and the one without the
-// session drops it.
-func (p *peers) chooseTag(ctx context.Context) {
-	sum := sha256.Sum256([]byte(p.id))
-	tag := sum[0]%255 + 1
-	taken := map[byte]bool{}
+// past the tags of live peers. Peers starting at the same moment cannot see
+// each other's choice; resolving once their Leases exist, the one whose
+// Lease name sorts first keeps a shared tag and the other moves on. Keys
+// issued meanwhile keep the old tag: their cancels may then be dropped.
+func (p *peers) chooseTag(ctx context.Context, resolve bool) {
 	lctx, cancel := context.WithTimeout(ctx, p.duration/3)
 	defer cancel()
-	if list, err := p.listPeers(lctx); err == nil {
-		for _, l := range list {
-			if l.age <= 2*l.dur {
-				if t, _ := cancelOf(l.Lease); t != 0 {
-					taken[t] = true
-				}
-			}
+	list, err := p.listPeers(lctx)
+	if err != nil {
+		list = nil
+	}
+	p.mu.Lock()
+	own := p.lease
+	p.mu.Unlock()
+	taken := map[byte]bool{}
+	clash := false
+	tag := byte(p.tag.Load())
+	for _, l := range list {
+		if l.age > 2*l.dur {
+			continue
 		}
+		t, _ := cancelOf(l.Lease)
+		if t == 0 {
+			continue
+		}
+		taken[t] = true
+		if t == tag && l.Name < own {
+			clash = true
+		}
+	}
+	if resolve && !clash {
+		return
+	}
+	if !resolve {
+		sum := sha256.Sum256([]byte(p.id))
+		tag = sum[0]%255 + 1
 	}
 	for i := 0; i < 255 && taken[tag]; i++ {
 		tag = tag%255 + 1
 	}
 	p.tag.Store(uint32(tag))
+	if resolve {
+		p.b.log.Info("cancel tag shared with a peer; moved to another", "tag", tag)
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // cancelPeers returns where the peers issuing tag accept CancelRequests:
 // live ones, and those only just expired, which may still carry sessions.
+// It reads a list at most a second old: cancels come from anyone, and must
+// not become a flood of list calls. This process's own address is never
+// among them, so a cancel cannot come back to it.
 func (p *peers) cancelPeers(ctx context.Context, tag byte) ([]string, error) {
-	list, err := p.listPeers(ctx)
-	if err != nil {
-		return nil, err
+	p.cacheMu.Lock()
+	list := p.cached
+	if time.Since(p.cachedAge) > time.Second {
+		fresh, err := p.listPeers(ctx)
+		if err != nil {
+			p.cacheMu.Unlock()
+			return nil, err
+		}
+		list, p.cached, p.cachedAge = fresh, fresh, time.Now()
 	}
+	p.cacheMu.Unlock()
+	p.mu.Lock()
+	self := p.addr
+	p.mu.Unlock()
 	var addrs []string
 	for _, l := range list {
-		if t, addr := cancelOf(l.Lease); t == tag && addr != "" && l.age <= 2*l.dur {
+		if t, addr := cancelOf(l.Lease); t == tag && addr != "" && addr != self && l.age <= 2*l.dur {
 			addrs = append(addrs, addr)
 		}
 	}
@@ -467,5 +576,7 @@ func (b *Backend) Peer() (id, lease string) {
 	if b.peers == nil {
 		return "", ""
 	}
+	b.peers.mu.Lock()
+	defer b.peers.mu.Unlock()
 	return b.peers.id, b.peers.lease
 }

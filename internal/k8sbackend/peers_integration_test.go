@@ -149,3 +149,33 @@ func TestIntegrationPeerLeases(t *testing.T) {
 		t.Errorf("a's lease after Close: %v", err)
 	}
 }
+
+// TestIntegrationPeerNamesakes: two live pgwakes given the same peer name
+// (and so the same cancel tag) do not share one Lease, which would hide
+// each one's clients from the other, and end up with tags of their own.
+func TestIntegrationPeerNamesakes(t *testing.T) {
+	t.Parallel()
+	env := kubeenv.Shared(t)
+	ns := env.NewNamespace(t)
+	ctx := t.Context()
+	a := peerBackend(t, env, ns, "same", 30*time.Second)
+	_, leaseA := a.Peer()
+	waitLease(t, env, ns, leaseA, func(map[string]peerEntry) bool { return true })
+	b := peerBackend(t, env, ns, "same", 30*time.Second)
+	a.Use("app", backend.Use{Conns: 1})
+	b.Use("app", backend.Use{Conns: 2})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pa, errA := a.PeerUse(ctx, "app")
+		pb, errB := b.PeerUse(ctx, "app")
+		_, leaseB := b.Peer()
+		ta, tb := a.CancelTag(), b.CancelTag()
+		if errA == nil && errB == nil && pa.Conns == 2 && pb.Conns == 1 && leaseA != leaseB && ta != 0 && tb != 0 && ta != tb {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a sees %+v (%v), b sees %+v (%v); leases %s, %s; tags %d, %d", pa, errA, pb, errB, leaseA, leaseB, ta, tb)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -45,9 +45,10 @@ type cancelRegistry struct {
 // issue registers a session whose server sent key (pid + secret) at addr,
 // and returns the key its client gets: the server's pid (clients show it
 // and pass it to pg_terminate_backend) and a random secret of the same
-// length. With a tag, the secret's first byte is the tag: a protocol 3.0
+// length. When tagged, the secret's first byte is tag (zero: this process
+// has none yet, and its peers forward nothing for it): a protocol 3.0
 // secret then keeps 24 random bits, 3.2's (32 bytes from PG18) 248.
-func (r *cancelRegistry) issue(tag byte, key []byte, addr string) []byte {
+func (r *cancelRegistry) issue(tagged bool, tag byte, key []byte, addr string) []byte {
 	out := make([]byte, len(key))
 	copy(out, key[:4])
 	r.mu.Lock()
@@ -57,7 +58,7 @@ func (r *cancelRegistry) issue(tag byte, key []byte, addr string) []byte {
 	}
 	for {
 		rand.Read(out[4:])
-		if tag != 0 {
+		if tagged {
 			out[4] = tag
 		}
 		if _, taken := r.keys[string(out)]; !taken {
@@ -80,12 +81,13 @@ func (r *cancelRegistry) lookup(key []byte) (session, bool) {
 	return s, ok
 }
 
-// cancelTag is the tag this proxy puts in the keys it issues.
-func (s *Server) cancelTag() byte {
+// cancelTag is the tag this proxy puts in the keys it issues, and whether
+// it tags them at all.
+func (s *Server) cancelTag() (bool, byte) {
 	if s.opts.Cancels == nil {
-		return 0
+		return false, 0
 	}
-	return s.opts.Cancels.CancelTag()
+	return true, s.opts.Cancels.CancelTag()
 }
 
 // forwardCancel sends a client's CancelRequest to the server owning the

@@ -403,7 +403,8 @@ func copyServerToClient(c *clientConn, first []byte) int64 {
 	addr := c.upstream.RemoteAddr().String()
 	var issued []byte
 	n, err := relayStartup(c.conn, c.upstream, first, func(key []byte) []byte {
-		issued = c.srv.cancels.issue(c.srv.cancelTag(), key, addr)
+		tagged, tag := c.srv.cancelTag()
+		issued = c.srv.cancels.issue(tagged, tag, key, addr)
 		return issued
 	})
 	if issued != nil {

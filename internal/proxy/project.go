@@ -94,6 +94,9 @@ type project struct {
 	// same server (replicas in a cluster): this one's use is published to
 	// them, and theirs is asked before any sleep.
 	shared backend.Shared
+	// pubMu keeps what is published in the order it was read: two notifies
+	// racing must not leave an older count as the last word.
+	pubMu sync.Mutex
 
 	mu         sync.Mutex
 	cfg        Project
@@ -160,10 +163,12 @@ func (p *project) recordLocked(format string, args ...any) {
 
 func (p *project) notify() {
 	if p.shared != nil {
+		p.pubMu.Lock()
 		p.mu.Lock()
 		u := backend.Use{Conns: p.active, Waking: p.state == StateWaking, LastActive: p.lastActive}
 		p.mu.Unlock()
-		p.shared.Use(p.name, u)
+		p.shared.Use(p.name, u) // does not block
+		p.pubMu.Unlock()
 	}
 	if p.env.onChange != nil {
 		p.env.onChange(p.name)
@@ -699,6 +704,11 @@ func (p *project) maybeSleep() {
 	// Asking took a while: the local counts, and the peers' last use, decide
 	// now.
 	if !p.sleepDueLocked(pu.LastActive) {
+		// Not due for the peers' sake: not worth asking again before it can be.
+		p.peersAgain = p.env.now().Add(peersAgainAfter)
+		if due := pu.LastActive.Add(p.cfg.SleepAfter); due.After(p.peersAgain) {
+			p.peersAgain = due
+		}
 		p.mu.Unlock()
 		return
 	}
@@ -934,11 +944,18 @@ func (p *project) shutdown() error {
 		// when it is not Running here: a peer may have woken it since this
 		// process last heard.
 		p.mu.Unlock()
-		if _, why := p.askPeers(); why != "" {
+		if why := p.peersStillBusy(); why != "" {
 			p.log.Info("left running for other pgwake processes", "why", why)
 			return nil
 		}
 		p.mu.Lock()
+		// A sweep's sleep may have begun meanwhile: let it end first.
+		for p.state == StateWaking || p.state == StateStopping {
+			ch := p.inFlight()
+			p.mu.Unlock()
+			<-ch
+			p.mu.Lock()
+		}
 	}
 	if p.state == StateRunning {
 		p.sleepLocked(backend.SleepStop)
@@ -958,6 +975,22 @@ func (p *project) shutdown() error {
 		return nil // nothing of it can be running where pgwake could stop it
 	}
 	return err
+}
+
+// peersStillBusy asks the peers, for a pgwake that shuts down, whether
+// they still use the project; while they do it asks again for a few
+// seconds, so that replicas all shutting down at once (each waiting for
+// the others' last connections to be published as gone) still leave the
+// server asleep, not running with nobody to put it to sleep.
+func (p *project) peersStillBusy() string {
+	deadline := p.env.now().Add(3 * time.Second)
+	for {
+		_, why := p.askPeers()
+		if why == "" || p.env.now().After(deadline) {
+			return why
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // Status is a snapshot of one project, for the admin API and the TUI.

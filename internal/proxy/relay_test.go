@@ -59,7 +59,7 @@ func TestCancelRegistry(t *testing.T) {
 	t.Parallel()
 	var r cancelRegistry
 	server := []byte{0, 0, 0, 1, 9, 9, 9, 9}
-	k1 := r.issue(0, server, "10.0.0.1:5432")
+	k1 := r.issue(false, 0, server, "10.0.0.1:5432")
 	if len(k1) != len(server) || !bytes.Equal(k1[:4], server[:4]) || bytes.Equal(k1, server) {
 		t.Fatalf("issued %x for %x: want the same pid and length, another secret", k1, server)
 	}
@@ -69,7 +69,7 @@ func TestCancelRegistry(t *testing.T) {
 	if _, ok := r.lookup(server); ok {
 		t.Fatal("the server's own key is accepted from clients")
 	}
-	k2 := r.issue(0x2a, server, "10.0.0.2:5432")
+	k2 := r.issue(true, 0x2a, server, "10.0.0.2:5432")
 	if k2[4] != 0x2a || bytes.Equal(k1, k2) {
 		t.Fatalf("issued %x with tag 0x2a", k2)
 	}
