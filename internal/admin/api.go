@@ -80,13 +80,16 @@ type Project struct {
 	SharedURL string `json:"shared_url"`
 	// Port is the project's own port; PortError says why it is not open
 	// (taken by another program), in which case URL is the shared one.
-	Port          int       `json:"port,omitempty"`
-	PortError     string    `json:"port_error,omitempty"`
-	User          string    `json:"user"`
-	Database      string    `json:"database"`
-	CreatedAt     time.Time `json:"created_at"`
-	Ephemeral     bool      `json:"ephemeral"`
-	Backend       string    `json:"backend"`
+	Port      int       `json:"port,omitempty"`
+	PortError string    `json:"port_error,omitempty"`
+	User      string    `json:"user"`
+	Database  string    `json:"database"`
+	CreatedAt time.Time `json:"created_at"`
+	Ephemeral bool      `json:"ephemeral"`
+	Backend   string    `json:"backend"`
+	// Adopted names the object pgwake adopted the project from
+	// ("statefulset/db"); empty for a project pgwake created.
+	Adopted       string    `json:"adopted,omitempty"`
 	RecentWakesMS []float64 `json:"recent_wakes_ms"` // oldest first
 	// FirstStartMS is the project's first start (initdb), which is not a
 	// wake and stays out of the wake figures; zero if pgwake did not see it.

@@ -211,6 +211,11 @@ type Record struct {
 	// Saved is set once the settings were saved (Save): a project seen
 	// before that is still being created.
 	Saved bool
+	// Adopted names the object a project was adopted from
+	// ("statefulset/db"): the runtime's owner made it and pgwake only
+	// sleeps and wakes it. Removing the project forgets it and never
+	// deletes it or its data.
+	Adopted string
 }
 
 // Catalog is implemented by backends whose runtime is the project store

@@ -108,6 +108,9 @@ type KubeConfig struct {
 	// LeaseDuration: how long this pgwake's published use of the projects
 	// counts for its peers after each renewal.
 	LeaseDuration time.Duration `yaml:"lease_duration" usage:"kubernetes backend: how long this pgwake's published connection counts stay valid for its peers (renewed every third of it)"`
+	// Adopt: StatefulSets, Deployments and CloudNativePG Clusters
+	// annotated pgwake.dev/project become projects.
+	Adopt bool `yaml:"adopt" usage:"kubernetes backend: serve StatefulSets, Deployments and CloudNativePG Clusters annotated pgwake.dev/project (sleep and wake them; never delete them)"`
 }
 
 // TLSOn resolves tls.mode: auto turns TLS on whenever the proxy listens
@@ -140,7 +143,7 @@ func Default() Config {
 		Listen:                "127.0.0.1:6432",
 		Backend:               "auto",
 		TLS:                   TLSConfig{Mode: "auto", Upstream: "off"},
-		Kubernetes:            KubeConfig{StorageSize: "1Gi", Dial: "auto", LeaseDuration: 15 * time.Second},
+		Kubernetes:            KubeConfig{StorageSize: "1Gi", Dial: "auto", LeaseDuration: 15 * time.Second, Adopt: true},
 		StateDir:              filepath.Join(xdg.StateHome, "pgwake"),
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,

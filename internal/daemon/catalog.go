@@ -101,7 +101,7 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 	p := state.Project{
 		Name: r.Spec.Name, Image: r.Spec.Image, User: r.Spec.User, Password: r.Spec.Password,
 		Database: r.Spec.Database, SleepAfter: r.SleepAfter, SleepMode: string(r.SleepMode),
-		Pinned: r.Pinned, Ephemeral: r.Ephemeral, Backend: name, CreatedAt: r.CreatedAt,
+		Pinned: r.Pinned, Ephemeral: r.Ephemeral, Backend: name, CreatedAt: r.CreatedAt, Adopted: r.Adopted,
 	}
 	if p.SleepMode == "" {
 		p.SleepMode = string(backend.SleepStop)
@@ -131,6 +131,10 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 		d.addProjectPort(p.Name, ln)
 	}
 	d.hub.changed(p.Name)
+	if p.Adopted != "" {
+		log.Info("project adopted from an annotated object; pgwake sleeps and wakes it and never deletes it", "object", p.Adopted, "port", p.Port)
+		return
+	}
 	log.Info("project adopted from its backend (created elsewhere or before this pgwake)", "port", p.Port)
 }
 
@@ -171,6 +175,6 @@ func (d *Daemon) releaseName(name string) {
 func record(p state.Project) backend.Record {
 	return backend.Record{
 		Spec: spec(p), SleepAfter: p.SleepAfter, SleepMode: backend.SleepMode(p.SleepMode),
-		Pinned: p.Pinned, Ephemeral: p.Ephemeral, CreatedAt: p.CreatedAt, Saved: true,
+		Pinned: p.Pinned, Ephemeral: p.Ephemeral, CreatedAt: p.CreatedAt, Saved: true, Adopted: p.Adopted,
 	}
 }

@@ -566,6 +566,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
 		Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
 		CreatedAt: p.CreatedAt, State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
+		Adopted: p.Adopted,
 	}
 	out.Port, out.PortError = d.portOf(p)
 	st, err := d.srv.ProjectStatus(p.Name)

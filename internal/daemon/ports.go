@@ -226,9 +226,14 @@ func (d *Daemon) url(user string, port int, p state.Project) string {
 	case d.tls != nil:
 		q = url.Values{"sslmode": {"require"}}
 	}
+	creds := url.UserPassword(user, p.Password)
+	if p.Password == "" {
+		// Pass-through auth (an adopted server): clients bring their own.
+		creds = url.User(user)
+	}
 	u := url.URL{
 		Scheme:   "postgres",
-		User:     url.UserPassword(user, p.Password),
+		User:     creds,
 		Host:     net.JoinHostPort(host, strconv.Itoa(port)),
 		Path:     "/" + p.Database,
 		RawQuery: q.Encode(),

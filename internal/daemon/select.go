@@ -36,6 +36,7 @@ func ConnectBackend(ctx context.Context, name string, cfg config.Config, instanc
 			Kubeconfig: k.Kubeconfig, Context: k.Context, Namespace: k.Namespace,
 			StorageClass: k.StorageClass, StorageSize: k.StorageSize, Dial: k.Dial,
 			Peer: k.Peer, LeaseDuration: k.LeaseDuration,
+			Adopt: k.Adopt, AdoptSleepAfter: cfg.SleepAfter,
 			Instance: instance, Logger: log,
 		})
 	}

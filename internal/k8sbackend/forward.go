@@ -21,7 +21,7 @@ import (
 
 // forward is one port-forward to one run of a project's server: a
 // loopback listener whose every connection becomes a pair of streams
-// (data and error) through the API server to the Pod's port 5432, over
+// (data and error) through the API server to the Pod's Postgres port, over
 // one upgraded connection made with client-go's dialers (WebSocket, SPDY
 // as fallback, as `kubectl port-forward`).
 //
@@ -42,6 +42,7 @@ import (
 // a client to a run it did not check.
 type forward struct {
 	id     string
+	port   string // the Pod's port (5432, or an adopted workload's)
 	addr   string
 	ln     net.Listener
 	dialer httpstream.Dialer
@@ -74,7 +75,7 @@ func (f *forward) close() {
 
 // forwardFor returns the address of the project's port-forward for run
 // id, opening one when there is none for that run.
-func (b *Backend) forwardFor(ctx context.Context, project, pod, id string) (string, error) {
+func (b *Backend) forwardFor(ctx context.Context, project, pod, id string, port int) (string, error) {
 	b.forwardMu.Lock()
 	f := b.forwards[project]
 	b.forwardMu.Unlock()
@@ -88,7 +89,7 @@ func (b *Backend) forwardFor(ctx context.Context, project, pod, id string) (stri
 			return f.addr, nil
 		}
 		b.forwardMu.Unlock()
-		nf, err := b.openForward(ctx, project, pod, id)
+		nf, err := b.openForward(ctx, project, pod, id, port)
 		if err != nil {
 			return "", err
 		}
@@ -121,7 +122,7 @@ func (b *Backend) dropForward(project string) {
 // openForward dials the API server's port-forward for pod (so that RBAC
 // or an unreachable server fails here, not on a client's connection) and
 // listens on a free loopback port.
-func (b *Backend) openForward(ctx context.Context, project, pod, id string) (*forward, error) {
+func (b *Backend) openForward(ctx context.Context, project, pod, id string, port int) (*forward, error) {
 	u := b.cs.CoreV1().RESTClient().Post().Namespace(b.ns).Resource("pods").Name(pod).SubResource("portforward").URL()
 	transport, upgrader, err := spdy.RoundTripperFor(b.cfg)
 	if err != nil {
@@ -136,7 +137,7 @@ func (b *Backend) openForward(ctx context.Context, project, pod, id string) (*fo
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
 	f := &forward{
-		id: id, dialer: dialer, log: b.log.With("project", project, "pod", pod),
+		id: id, port: strconv.Itoa(port), dialer: dialer, log: b.log.With("project", project, "pod", pod),
 		closing: make(chan struct{}), done: make(chan struct{}), all: map[*upgraded]struct{}{},
 	}
 	type dialed struct {
@@ -283,7 +284,7 @@ func (f *forward) handle(c net.Conn) {
 	conn := u.c
 	h := http.Header{}
 	h.Set(corev1.StreamType, corev1.StreamTypeError)
-	h.Set(corev1.PortHeader, "5432")
+	h.Set(corev1.PortHeader, f.port)
 	h.Set(corev1.PortForwardRequestIDHeader, strconv.FormatInt(f.nextID.Add(1), 10))
 	errStream, err := conn.CreateStream(h)
 	if err != nil {

@@ -109,6 +109,12 @@ type Options struct {
 	// projects counts after each renewal (renewed every third of it);
 	// default DefaultLeaseDuration.
 	LeaseDuration time.Duration
+	// Adopt turns on adoption: StatefulSets, Deployments and
+	// CloudNativePG Clusters of the namespace annotated pgwake.dev/project
+	// become projects (adopt.go). AdoptSleepAfter is their sleep_after
+	// unless they carry pgwake.dev/sleep-after.
+	Adopt           bool
+	AdoptSleepAfter time.Duration
 	// Trace, if set, is told how long each step of a wake took: "scale"
 	// (the scale call), "ready" (until the Pod was Ready) and "dial" (the
 	// port-forward opened, or nothing for the Pod IP). They are logged at
@@ -145,6 +151,7 @@ type Backend struct {
 	opening   singleflight.Group  // one port-forward opening per project and run
 	peers     *peers
 	stopPeers context.CancelFunc
+	adopt     *adoption // nil unless Options.Adopt
 	closeOnce sync.Once
 }
 
@@ -288,6 +295,15 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := b.startInformers(ctx); err != nil {
 		return nil, err
 	}
+	if opts.Adopt {
+		if err := b.startAdoption(ctx, opts.AdoptSleepAfter); err != nil {
+			b.stopInfo()
+			if b.adopt != nil && b.adopt.stop != nil {
+				b.adopt.stop()
+			}
+			return nil, err
+		}
+	}
 	if peersOK {
 		b.peers = newPeers(b, peerID(opts.Peer, opts.Instance, inCluster), opts.LeaseDuration)
 		pctx, stopPeers := context.WithCancel(context.Background())
@@ -326,19 +342,26 @@ func (b *Backend) startInformers(ctx context.Context) error {
 			return err
 		}
 	}
-	ictx, stop := context.WithCancel(context.Background())
+	stop, err := startFactory(ctx, b.factory)
 	b.stopInfo = stop
-	b.factory.Start(ictx.Done())
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for typ, ok := range b.factory.WaitForCacheSync(wctx.Done()) {
+	return err
+}
+
+// startFactory starts a factory's informers and waits up to 30 s for
+// their first list; stop ends them. On an error they are ended already.
+func startFactory(ctx context.Context, f informers.SharedInformerFactory) (stop func(), err error) {
+	ictx, cancel := context.WithCancel(context.Background())
+	stop = func() { cancel(); f.Shutdown() }
+	f.Start(ictx.Done())
+	wctx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelWait()
+	for typ, ok := range f.WaitForCacheSync(wctx.Done()) {
 		if !ok {
 			stop()
-			b.factory.Shutdown()
-			return fmt.Errorf("kubernetes: the %v cache did not fill within 30s", typ)
+			return stop, fmt.Errorf("kubernetes: the %v cache did not fill within 30s", typ)
 		}
 	}
-	return nil
+	return stop, nil
 }
 
 // objectChanged wakes everyone waiting for a change (Start, Sleep, Watch).
@@ -401,7 +424,9 @@ func (b *Backend) Close() error {
 		}
 		if b.stopInfo != nil {
 			b.stopInfo()
-			b.factory.Shutdown()
+		}
+		if b.adopt != nil {
+			b.adopt.stopAll()
 		}
 	})
 	return nil

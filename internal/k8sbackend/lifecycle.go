@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +76,12 @@ func (b *Backend) cachedState(project string) backend.State {
 // Status implements backend.Backend, from the informer caches: running
 // once the Pod's postgres container runs and has an address to dial.
 func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		if err != nil {
+			return backend.Status{}, err
+		}
+		return b.statusAdopted(ctx, ad)
+	}
 	set, err := b.statefulSet(ctx, spec.Name)
 	if err != nil {
 		return backend.Status{}, err
@@ -82,8 +89,15 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 	if set == nil {
 		return backend.Status{State: backend.StateMissing}, nil
 	}
-	pod := b.pod(spec.Name)
-	if pod == nil || pod.DeletionTimestamp != nil || ptr.Deref(set.Spec.Replicas, 0) == 0 {
+	return b.podStatus(ctx, spec.Name, b.pod(spec.Name), ptr.Deref(set.Spec.Replicas, 0) == 0,
+		func(p *corev1.Pod) bool { return owned(p.Labels, spec.Name) }, 5432)
+}
+
+// podStatus is the state of the server in pod (nil: none), asleep when
+// its workload is scaled to sleep. owns tells a Pod read afresh from the
+// API is still the project's.
+func (b *Backend) podStatus(ctx context.Context, project string, pod *corev1.Pod, asleep bool, owns func(*corev1.Pod) bool, port int) (backend.Status, error) {
+	if pod == nil || pod.DeletionTimestamp != nil || asleep {
 		st := backend.Status{State: backend.StateStopped}
 		if pod != nil {
 			st.Exit = exitReason(pod)
@@ -105,7 +119,7 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 		case err != nil:
 			return backend.Status{}, b.apiErr(err, "read pod "+pod.Name)
 		}
-		if pod = live; pod.DeletionTimestamp != nil || !owned(pod.Labels, spec.Name) {
+		if pod = live; pod.DeletionTimestamp != nil || !owns(pod) {
 			return backend.Status{State: backend.StateStopped}, nil
 		}
 		if cs = postgresStatus(pod); cs == nil || cs.State.Running == nil || pod.Status.PodIP == "" {
@@ -113,7 +127,7 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 		}
 	}
 	id := runID(pod, cs)
-	addr, err := b.address(ctx, spec.Name, pod, id)
+	addr, err := b.address(ctx, project, pod, id, port)
 	if err != nil {
 		return backend.Status{}, err
 	}
@@ -145,13 +159,32 @@ func runID(pod *corev1.Pod, cs *corev1.ContainerStatus) string {
 	return fmt.Sprintf("%s#%d", pod.UID, cs.RestartCount)
 }
 
+// postgresStatus is the status of the Pod's Postgres container.
 func postgresStatus(pod *corev1.Pod) *corev1.ContainerStatus {
+	name := postgresContainer(pod)
 	for i := range pod.Status.ContainerStatuses {
-		if pod.Status.ContainerStatuses[i].Name == "postgres" {
+		if pod.Status.ContainerStatuses[i].Name == name {
 			return &pod.Status.ContainerStatuses[i]
 		}
 	}
 	return nil
+}
+
+// postgresContainer names the Pod's Postgres container: "postgres" in
+// pgwake's Pods and CloudNativePG's, "postgresql" in Bitnami's chart,
+// else the first container (an adopted workload's own).
+func postgresContainer(pod *corev1.Pod) string {
+	for _, want := range []string{"postgres", "postgresql"} {
+		for _, c := range pod.Spec.Containers {
+			if c.Name == want {
+				return want
+			}
+		}
+	}
+	if len(pod.Spec.Containers) > 0 {
+		return pod.Spec.Containers[0].Name
+	}
+	return "postgres"
 }
 
 func podReady(pod *corev1.Pod) bool {
@@ -214,6 +247,18 @@ func failedStart(pod *corev1.Pod, image string) string {
 // Phase implements backend.Phaser: the Pod's phase and what it waits
 // for, shown while a project wakes ("Pending: ContainerCreating").
 func (b *Backend) Phase(ctx context.Context, spec backend.Spec) string {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		if ad == nil {
+			return ""
+		}
+		if pod := b.servingPod(ad); pod != nil {
+			return podPhase(pod)
+		}
+		if ad.kind == kindCluster && ad.hibernated {
+			return "hibernated"
+		}
+		return "no Pod yet"
+	}
 	pod := b.pod(spec.Name)
 	if pod == nil {
 		if set, _ := b.statefulSet(ctx, spec.Name); set != nil && ptr.Deref(set.Spec.Replicas, 0) > 0 {
@@ -224,15 +269,20 @@ func (b *Backend) Phase(ctx context.Context, spec backend.Spec) string {
 		}
 		return ""
 	}
+	if pod.DeletionTimestamp == nil && pod.Status.Phase == corev1.PodPending && pod.Spec.NodeName == "" {
+		// Unschedulable for want of a volume says less than the PVC.
+		if msg := b.pvcPending(ctx, spec.Name); msg != "" {
+			return string(pod.Status.Phase) + ": " + msg
+		}
+	}
+	return podPhase(pod)
+}
+
+// podPhase is a Pod's phase and what it waits for.
+func podPhase(pod *corev1.Pod) string {
 	phase := string(pod.Status.Phase)
 	if pod.DeletionTimestamp != nil {
 		return "Terminating"
-	}
-	if pod.Status.Phase == corev1.PodPending && pod.Spec.NodeName == "" {
-		// Unschedulable for want of a volume says less than the PVC.
-		if msg := b.pvcPending(ctx, spec.Name); msg != "" {
-			return phase + ": " + msg
-		}
 	}
 	if cs := postgresStatus(pod); cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
 		return phase + ": " + cs.State.Waiting.Reason
@@ -264,6 +314,9 @@ func (b *Backend) pvcPending(ctx context.Context, project string) string {
 // WillInitialize implements backend.Initializer: a project without its
 // PVC gets a new, empty volume, and its first start runs initdb.
 func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		return false // its data is its owner's, initialised or not
+	}
 	_, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, pvcName(spec.Name), metav1.GetOptions{})
 	return apierrors.IsNotFound(err)
 }
@@ -274,6 +327,12 @@ func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
 // be pulled, a crash loop). A PVC that stays unbound until ctx ends is
 // named with its StorageClass.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endpoint, err error) {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		if err != nil {
+			return backend.Endpoint{}, err
+		}
+		return b.startAdopted(ctx, ad)
+	}
 	set, err := b.statefulSet(ctx, spec.Name)
 	if err != nil {
 		return backend.Endpoint{}, err
@@ -310,9 +369,21 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endp
 	}
 	t = b.step(spec.Name, "scale", t)
 	image := set.Spec.Template.Spec.Containers[0].Image
+	return b.awaitReady(ctx, spec.Name, 5432, first, t,
+		func() (*corev1.Pod, string) { return b.pod(spec.Name), image },
+		func(pod *corev1.Pod, cause error) error { return b.notReady(spec.Name, pod, cause) })
+}
+
+// awaitReady waits until the Pod find returns is Ready and returns where
+// to dial it, failing at once on what will not heal by waiting (an image
+// that cannot be pulled, a crash loop). find returns the Pod (nil: none
+// yet) and the image it should run, for messages; notReady explains a
+// wake that ran out of time.
+func (b *Backend) awaitReady(ctx context.Context, project string, port int, first bool, t time.Time,
+	find func() (*corev1.Pod, string), notReady func(*corev1.Pod, error) error) (backend.Endpoint, error) {
 	for {
 		changed := b.changed.wait()
-		pod := b.pod(spec.Name)
+		pod, image := find()
 		if pod != nil && pod.DeletionTimestamp == nil {
 			if msg := failedStart(pod, image); msg != "" {
 				if tail := b.logTail(ctx, pod); tail != "" {
@@ -322,12 +393,12 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endp
 			}
 			if cs := postgresStatus(pod); podReady(pod) && cs != nil && cs.State.Running != nil && pod.Status.PodIP != "" {
 				id := runID(pod, cs)
-				t = b.step(spec.Name, "ready", t)
-				addr, err := b.address(ctx, spec.Name, pod, id)
+				t = b.step(project, "ready", t)
+				addr, err := b.address(ctx, project, pod, id, port)
 				if err != nil {
 					return backend.Endpoint{}, err
 				}
-				b.step(spec.Name, "dial", t)
+				b.step(project, "dial", t)
 				return backend.Endpoint{Addr: addr, ID: id, First: first}, nil
 			}
 		}
@@ -337,7 +408,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endp
 			// Informers deliver every change; this only bounds how long a
 			// missed one could hold a wake.
 		case <-ctx.Done():
-			return backend.Endpoint{}, b.notReady(spec.Name, pod, ctx.Err())
+			return backend.Endpoint{}, notReady(pod, ctx.Err())
 		}
 	}
 }
@@ -364,7 +435,7 @@ func (b *Backend) logTail(ctx context.Context, pod *corev1.Pod) string {
 	if cs == nil || (cs.RestartCount == 0 && cs.State.Terminated == nil && cs.State.Running == nil) {
 		return "" // never ran: no log
 	}
-	opts := &corev1.PodLogOptions{Container: "postgres", TailLines: ptr.To[int64](logTailLines)}
+	opts := &corev1.PodLogOptions{Container: postgresContainer(pod), TailLines: ptr.To[int64](logTailLines)}
 	opts.Previous = cs.State.Running == nil && cs.State.Terminated == nil
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -406,6 +477,12 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	if mode == backend.SleepPause {
 		return errors.New("the kubernetes backend cannot pause a server (the Kubernetes API has no freezer); use sleep mode stop")
 	}
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		if err != nil {
+			return err
+		}
+		return b.sleepAdopted(ctx, ad, true)
+	}
 	set, err := b.statefulSet(ctx, spec.Name)
 	if err != nil || set == nil {
 		return err
@@ -443,6 +520,12 @@ func (b *Backend) waitNoPods(ctx context.Context, project string) error {
 // the name takes its password, and the PVC stays. With volumes the PVC
 // and the Secret go too.
 func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) error {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		if err != nil {
+			return err
+		}
+		return b.forgetAdopted(ctx, ad, volumes)
+	}
 	set, err := b.statefulSet(ctx, spec.Name)
 	if err != nil {
 		return err
@@ -549,11 +632,17 @@ func (b *Backend) RemoveAll(ctx context.Context, volumes bool) error {
 // the current run's.
 func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (io.ReadCloser, error) {
 	pod := b.pod(spec.Name)
+	if ad, err := b.adopted(spec.Name); err != nil {
+		return nil, err
+	} else if ad != nil {
+		pod = b.servingPod(ad)
+	}
 	if pod == nil {
 		return nil, fmt.Errorf("project %q has no Pod (it sleeps; its log went with its Pod): %w", spec.Name, backend.ErrNotFound)
 	}
+	container := postgresContainer(pod)
 	opts := func(previous bool) *corev1.PodLogOptions {
-		o := &corev1.PodLogOptions{Container: "postgres", Follow: follow && !previous, Previous: previous}
+		o := &corev1.PodLogOptions{Container: container, Follow: follow && !previous, Previous: previous}
 		if tail > 0 {
 			o.TailLines = ptr.To(int64(tail))
 		}
@@ -599,9 +688,9 @@ func (b *Backend) Watch(ctx context.Context) <-chan backend.Event {
 
 // address is where the proxy dials the Pod: its IP, or a port-forward
 // kept open for this run of the server.
-func (b *Backend) address(ctx context.Context, project string, pod *corev1.Pod, id string) (string, error) {
+func (b *Backend) address(ctx context.Context, project string, pod *corev1.Pod, id string, port int) (string, error) {
 	if b.dial == DialPodIP {
-		return net.JoinHostPort(pod.Status.PodIP, "5432"), nil
+		return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)), nil
 	}
-	return b.forwardFor(ctx, project, pod.Name, id)
+	return b.forwardFor(ctx, project, pod.Name, id, port)
 }

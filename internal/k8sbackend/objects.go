@@ -115,6 +115,9 @@ func ownerRef(s *appsv1.StatefulSet) []metav1.OwnerReference {
 // ErrNotOwned and left alone. A kept Secret (`rm` without --volumes) is
 // taken over when its password is spec's.
 func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
+	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+		return err // an adopted object exists as its owner made it
+	}
 	_, err := b.ensure(ctx, spec)
 	return err
 }
@@ -223,6 +226,12 @@ func ownedBy(refs []metav1.OwnerReference, set *appsv1.StatefulSet) bool {
 // StatefulSet as annotations, where every pgwake of the namespace reads
 // them.
 func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
+	if ad, err := b.adopted(rec.Spec.Name); err != nil || ad != nil {
+		if err != nil {
+			return err
+		}
+		return b.saveAdopted(ctx, ad, rec)
+	}
 	set, err := b.statefulSet(ctx, rec.Spec.Name)
 	if err != nil {
 		return err
@@ -266,7 +275,7 @@ func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
 }
 
 // Projects implements backend.Catalog: every project of the namespace,
-// read from the informer caches.
+// read from the informer caches: pgwake's own and the adopted ones.
 func (b *Backend) Projects(ctx context.Context) ([]backend.Record, error) {
 	sets, err := b.sets.List(labelsManaged())
 	if err != nil {
@@ -305,7 +314,7 @@ func (b *Backend) Projects(ctx context.Context) ([]backend.Record, error) {
 		}
 		out = append(out, rec)
 	}
-	return out, nil
+	return append(out, b.adoptedRecords(ctx)...), nil
 }
 
 // Kept implements backend.Catalog: the credentials of data that `rm`

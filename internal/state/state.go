@@ -40,6 +40,10 @@ type Project struct {
 	// was stored, until the daemon assigns it (see AssignBackends).
 	Backend   string    `json:"backend"`
 	CreatedAt time.Time `json:"created_at"`
+	// Adopted names the object the project was adopted from
+	// ("statefulset/db"): its runtime's owner made it, pgwake only sleeps
+	// and wakes it, and removing the project only forgets it.
+	Adopted string `json:"adopted,omitempty"`
 }
 
 type file struct {

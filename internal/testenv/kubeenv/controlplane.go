@@ -265,7 +265,7 @@ func startControlPlane(ctx context.Context, bins map[string]string, f *controlPl
 		// controllers that remove the finalizers the API server's
 		// StorageObjectInUseProtection admission puts on PVCs and PVs
 		// (without them no PVC, and so no namespace, is ever deleted).
-		"--controllers=statefulset,garbagecollector,persistentvolume-binder,serviceaccount,namespace,pvc-protection,pv-protection",
+		"--controllers=statefulset,deployment,replicaset,garbagecollector,persistentvolume-binder,serviceaccount,namespace,pvc-protection,pv-protection",
 		// In-tree kubernetes.io/host-path provisioner: PVs are directories
 		// /tmp/hostpath_pv/<uuid> on this machine, removed by its deleter
 		// when a PV with reclaimPolicy Delete is released.
