@@ -777,6 +777,9 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err != nil {
 		return apiErr(err)
 	}
+	if p.Adopted != "" && volumes {
+		return admin.Invalid(fmt.Errorf("project %q is %s, which pgwake adopted and does not own: pgwake never deletes its data (`pgwake rm %s` without --volumes forgets it)", name, p.Adopted, name))
+	}
 	if !d.claimName(name) {
 		return admin.Conflict(fmt.Errorf("project %q is being created or removed right now", name))
 	}
@@ -792,10 +795,11 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 		d.openProjectPort(p)
 		return apiErr(err)
 	}
-	if err := d.store.Remove(name, !volumes); err != nil {
+	// An adopted server's credentials are its owner's: nothing is kept.
+	if err := d.store.Remove(name, !volumes && p.Adopted == ""); err != nil {
 		return apiErr(err)
 	}
-	d.log.Info("project removed", "project", name, "volumes", volumes)
+	d.log.Info("project removed", "project", name, "volumes", volumes, "adopted", p.Adopted)
 	return nil
 }
 
@@ -856,6 +860,11 @@ func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
 	var errs []error
 	for _, p := range d.store.Projects() {
 		if !all && !p.Ephemeral {
+			continue
+		}
+		if p.Adopted != "" {
+			// Not pgwake's to delete; other pgwakes may serve it still.
+			d.log.Info("adopted project left as it is", "project", p.Name, "object", p.Adopted)
 			continue
 		}
 		if err := d.backendOf(p).Remove(ctx, spec(p), true); err != nil {

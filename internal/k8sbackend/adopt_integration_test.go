@@ -59,36 +59,8 @@ func adoptBackend(t *testing.T, env *kubeenv.Env, ns, dial string) *k8sbackend.B
 	return be
 }
 
-// postgresPod is a Postgres Pod as a Helm chart's would be: not pgwake's
-// labels, its container not called "postgres", the password from a Secret.
 func postgresPod(t testing.TB, l map[string]string, secret, user, db string) corev1.PodTemplateSpec {
-	env := []corev1.EnvVar{
-		{Name: "POSTGRES_PASSWORD", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-			LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: "password"}}},
-		{Name: "PGDATA", Value: "/var/lib/postgresql/data/pgdata"},
-	}
-	if user != "" {
-		env = append(env, corev1.EnvVar{Name: "POSTGRES_USER", Value: user}, corev1.EnvVar{Name: "POSTGRES_DB", Value: db})
-	}
-	return corev1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: l},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken: ptr.To(false),
-			EnableServiceLinks:           ptr.To(false),
-			Containers: []corev1.Container{{
-				Name: "db", Image: testenv.PostgresImage(t), Env: env,
-				Ports: []corev1.ContainerPort{{Name: "pg", ContainerPort: 5432}},
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("pg")}},
-					PeriodSeconds: 1, FailureThreshold: 1,
-				},
-				Lifecycle: &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{
-					Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "kill -INT 1"}},
-				}},
-				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/postgresql/data"}},
-			}},
-		},
-	}
+	return kubeenv.PostgresTemplate(testenv.PostgresImage(t), l, secret, user, db)
 }
 
 func passwordSecret(t *testing.T, env *kubeenv.Env, ns, name string, data map[string]string) {

@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -547,11 +548,28 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 	if _, err := env.Client.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	be, err := k8sbackend.New(ctx, k8sbackend.Options{Kubeconfig: env.KubeconfigFor(t, kubeenv.Limited), Namespace: ns, Dial: k8sbackend.DialPortForward})
+	// Adoption's reads and writes are in the Role too: New says nothing
+	// about turning any of it off.
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logged.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	be, err := k8sbackend.New(ctx, k8sbackend.Options{
+		Kubeconfig: env.KubeconfigFor(t, kubeenv.Limited), Namespace: ns, Dial: k8sbackend.DialPortForward,
+		Adopt: true, Logger: log,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer be.Close()
+	logMu.Lock()
+	if w := logged.String(); strings.Contains(w, "RBAC") {
+		t.Errorf("New as the documented Role warned: %s", w)
+	}
+	logMu.Unlock()
 	s := spec(t, "rbac")
 	if err := be.Ensure(ctx, s); err != nil {
 		t.Fatal(err)
@@ -588,4 +606,44 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 	if err := be.RemoveAll(ctx, true); err != nil {
 		t.Fatal(err)
 	}
+
+	// An adopted Deployment's whole life, as the Role: wake, pin, sleep,
+	// forget.
+	pvc(t, env, ns, "adopted-data")
+	tmpl := postgresPod(t, map[string]string{"app": "adopted"}, "adopted", "", "")
+	tmpl.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "adopted-data"}}}}
+	passwordSecret(t, env, ns, "adopted", map[string]string{"password": "adopted-pw"})
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "adopted", Annotations: map[string]string{
+			k8sbackend.AnnotationAdopt: "adopted", k8sbackend.AnnotationAdoptSecret: "adopted"}},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "adopted"}},
+			Template: tmpl, Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+		},
+	}
+	if _, err := env.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	as := record(t, be, "adopted", true).Spec
+	if as.Password != "adopted-pw" {
+		t.Errorf("adopted password %q: the Role cannot read the Secret it names", as.Password)
+	}
+	if ep, err = be.Start(ctx, as); err != nil {
+		t.Fatal(err)
+	}
+	query(t, ep.Addr, as, "select 1::text")
+	if err := be.Save(ctx, backend.Record{Spec: as, Pinned: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Sleep(ctx, as, backend.SleepStop); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Remove(ctx, as, false); err != nil {
+		t.Fatal(err)
+	}
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

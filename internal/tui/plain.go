@@ -28,6 +28,9 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if p.Phase != "" {
 			state += " (" + p.Phase + ")"
 		}
+		if p.PeersBusy != "" {
+			state += " (in use via peers)"
+		}
 		sleeps := "-"
 		if countingDown(p) {
 			sleeps = formatCountdown(time.Duration(p.SleepsInMS) * time.Millisecond)
@@ -35,6 +38,9 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		be := p.Backend
 		if be == "" {
 			be = "-"
+		}
+		if p.Adopted != "" {
+			be += " (" + p.Adopted + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, FormatPort(p), p.Active, p.Queued, p.Wakes,
 			lastWake(p), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
