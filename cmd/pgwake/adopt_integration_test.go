@@ -9,9 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -33,24 +31,9 @@ func TestIntegrationKubernetesAdoptedStatefulSet(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	l := map[string]string{"app.kubernetes.io/name": "orders-db"}
-	set := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "orders-db", Annotations: map[string]string{
-			"pgwake.dev/project": "orders", "pgwake.dev/secret": "orders-db", "pgwake.dev/sleep-after": "3s",
-		}},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To[int32](0), ServiceName: "orders-db",
-			Selector: &metav1.LabelSelector{MatchLabels: l},
-			Template: kubeenv.PostgresTemplate(testenv.PostgresImage(t), l, "orders-db", "", ""),
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
-				ObjectMeta: metav1.ObjectMeta{Name: "data"},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("100Mi")}},
-				},
-			}},
-		},
-	}
+	set := kubeenv.PostgresStatefulSet(testenv.PostgresImage(t), "orders-db", 0, map[string]string{
+		"pgwake.dev/project": "orders", "pgwake.dev/secret": "orders-db", "pgwake.dev/sleep-after": "3s",
+	}, "orders-db")
 	if _, err := env.Client.AppsV1().StatefulSets(ns).Create(ctx, set, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

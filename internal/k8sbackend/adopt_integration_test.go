@@ -166,25 +166,10 @@ func TestIntegrationAdoptStatefulSet(t *testing.T) {
 	ns := env.NewNamespace(t)
 	ctx := t.Context()
 	passwordSecret(t, env, ns, "legacy-creds", map[string]string{"password": "chart-pw"})
-	l := map[string]string{"app": "legacy"}
-	set := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "legacy", Annotations: map[string]string{
-			k8sbackend.AnnotationAdopt: "legacy", k8sbackend.AnnotationAdoptSecret: "legacy-creds",
-			k8sbackend.AnnotationAdoptSleepAfter: "90s",
-		}},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To[int32](1), ServiceName: "legacy",
-			Selector: &metav1.LabelSelector{MatchLabels: l},
-			Template: postgresPod(t, l, "legacy-creds", "", ""),
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
-				ObjectMeta: metav1.ObjectMeta{Name: "data"},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("100Mi")}},
-				},
-			}},
-		},
-	}
+	set := kubeenv.PostgresStatefulSet(testenv.PostgresImage(t), "legacy", 1, map[string]string{
+		k8sbackend.AnnotationAdopt: "legacy", k8sbackend.AnnotationAdoptSecret: "legacy-creds",
+		k8sbackend.AnnotationAdoptSleepAfter: "90s",
+	}, "legacy-creds")
 	if _, err := env.Client.AppsV1().StatefulSets(ns).Create(ctx, set, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

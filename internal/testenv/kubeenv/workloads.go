@@ -1,7 +1,9 @@
 package kubeenv
 
 import (
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -39,6 +41,28 @@ func PostgresTemplate(image string, l map[string]string, secret, user, db string
 					Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "kill -INT 1"}},
 				}},
 				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/postgresql/data"}},
+			}},
+		},
+	}
+}
+
+// PostgresStatefulSet is a chart's Postgres StatefulSet named name: Pods
+// labelled app=name from PostgresTemplate, a 100Mi volume claim template
+// "data", replicas and annotations as given.
+func PostgresStatefulSet(image, name string, replicas int32, annotations map[string]string, secret string) *appsv1.StatefulSet {
+	l := map[string]string{"app": name}
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(replicas), ServiceName: name,
+			Selector: &metav1.LabelSelector{MatchLabels: l},
+			Template: PostgresTemplate(image, l, secret, "", ""),
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
+				ObjectMeta: metav1.ObjectMeta{Name: "data"},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("100Mi")}},
+				},
 			}},
 		},
 	}
