@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/pgwake/pgwake/internal/testenv"
@@ -51,6 +52,17 @@ func TestIntegrationKubernetesAdoptedStatefulSet(t *testing.T) {
 		p, ok := h.project(t, "orders")
 		if !ok || p.Adopted != "statefulset/orders-db" || p.State != "sleeping" {
 			return fmt.Sprintf("%+v", p)
+		}
+		return ""
+	})
+	// The owner's annotations are followed while pgwake runs.
+	if _, err := env.Client.AppsV1().StatefulSets(ns).Patch(ctx, "orders-db", types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"pgwake.dev/sleep-after":"2s"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the new sleep-after applies", func() string {
+		if p := h.mustProject(t, "orders"); p.SleepAfterMS != 2000 {
+			return fmt.Sprintf("sleep_after %d ms", p.SleepAfterMS)
 		}
 		return ""
 	})

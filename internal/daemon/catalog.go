@@ -96,6 +96,14 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 				d.hub.changed(p.Name)
 			}
 		}
+		// An adopted object's owner may change its annotations (sleep-after)
+		// or its Secret (the password `pgwake url` shows) at any time.
+		if p.Adopted != "" && (p.SleepAfter != r.SleepAfter || p.Password != r.Spec.Password) {
+			if err := d.store.Update(p.Name, func(q *state.Project) { q.SleepAfter, q.Password = r.SleepAfter, r.Spec.Password }); err == nil {
+				_ = d.srv.SetSleepAfter(p.Name, r.SleepAfter)
+				d.hub.changed(p.Name)
+			}
+		}
 		return
 	}
 	p := state.Project{

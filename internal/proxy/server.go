@@ -342,6 +342,20 @@ func (s *Server) SetPinned(name string, pinned bool) error {
 	return nil
 }
 
+// SetSleepAfter changes how long a project stays awake without clients
+// (zero: never on idle).
+func (s *Server) SetSleepAfter(name string, d time.Duration) error {
+	p := s.project(name)
+	if p == nil {
+		return fmt.Errorf("%w: %q", ErrNoProject, name)
+	}
+	p.mu.Lock()
+	p.cfg.SleepAfter = d
+	p.mu.Unlock()
+	p.notify()
+	return nil
+}
+
 // Serve accepts clients on ln until ctx ends, or Shutdown or Close closes
 // the listeners. It also runs the idle sweep and follows the backends' events.
 // It returns nil after a clean shutdown.
