@@ -331,26 +331,23 @@ func (s *Server) Sleep(ctx context.Context, name string) error {
 // SetPinned pins a project awake (it is never put to sleep on idle) or
 // unpins it.
 func (s *Server) SetPinned(name string, pinned bool) error {
-	p := s.project(name)
-	if p == nil {
-		return fmt.Errorf("%w: %q", ErrNoProject, name)
-	}
-	p.mu.Lock()
-	p.cfg.Pinned = pinned
-	p.mu.Unlock()
-	p.notify()
-	return nil
+	return s.setConfig(name, func(c *Project) { c.Pinned = pinned })
 }
 
 // SetSleepAfter changes how long a project stays awake without clients
 // (zero: never on idle).
 func (s *Server) SetSleepAfter(name string, d time.Duration) error {
+	return s.setConfig(name, func(c *Project) { c.SleepAfter = d })
+}
+
+// setConfig changes a running project's settings.
+func (s *Server) setConfig(name string, set func(*Project)) error {
 	p := s.project(name)
 	if p == nil {
 		return fmt.Errorf("%w: %q", ErrNoProject, name)
 	}
 	p.mu.Lock()
-	p.cfg.SleepAfter = d
+	set(&p.cfg)
 	p.mu.Unlock()
 	p.notify()
 	return nil
