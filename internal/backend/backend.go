@@ -41,6 +41,10 @@ type Spec struct {
 	User     string // superuser name
 	Password string // superuser password (scram-sha-256)
 	Database string // database created on first start
+	// Adopted names the object the project was adopted from (see
+	// Record.Adopted): a backend never creates a server for such a spec,
+	// whatever it finds missing.
+	Adopted string
 }
 
 // State is a server's observed state.

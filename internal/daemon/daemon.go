@@ -506,7 +506,7 @@ func (d *Daemon) backendOf(p state.Project) *lazyBackend {
 }
 
 func spec(p state.Project) backend.Spec {
-	return backend.Spec{Name: p.Name, Image: p.Image, User: p.User, Password: p.Password, Database: p.Database}
+	return backend.Spec{Name: p.Name, Image: p.Image, User: p.User, Password: p.Password, Database: p.Database, Adopted: p.Adopted}
 }
 
 func (d *Daemon) proxyProject(p state.Project) proxy.Project {

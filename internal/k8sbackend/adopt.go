@@ -179,7 +179,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 			return fmt.Errorf("kubernetes dynamic client: %w", err)
 		}
 		a.dyn = dyn
-		if !b.watchClusters(ctx) {
+		if !b.watchClusters(ctx, ictx) {
 			go func() {
 				t := time.NewTicker(crdRecheck)
 				defer t.Stop()
@@ -188,7 +188,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 					case <-ictx.Done():
 						return
 					case <-t.C:
-						if b.watchClusters(ictx) {
+						if b.watchClusters(ictx, ictx) {
 							return
 						}
 					}
@@ -201,7 +201,8 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 
 // watchClusters starts the Cluster informer when CloudNativePG's CRD is
 // served and the Role lets pgwake list Clusters; false to look again later.
-func (b *Backend) watchClusters(ctx context.Context) bool {
+// The informer runs until life ends (Close).
+func (b *Backend) watchClusters(ctx, life context.Context) bool {
 	a := b.adopt
 	res, err := b.cs.Discovery().ServerResourcesForGroupVersion(clusterGVR.GroupVersion().String())
 	if err != nil {
@@ -231,12 +232,10 @@ func (b *Backend) watchClusters(ctx context.Context) bool {
 	if _, err := inf.AddEventHandler(b.adoptHandler()); err != nil {
 		return true
 	}
-	ictx, stop := context.WithCancel(context.Background())
-	a.mu.Lock()
-	prev := a.stop
-	a.stop = func() { stop(); f.Shutdown(); prev() }
-	a.mu.Unlock()
-	f.Start(ictx.Done())
+	if life.Err() != nil {
+		return true // closed meanwhile
+	}
+	f.Start(life.Done())
 	wctx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelWait()
 	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
@@ -445,6 +444,18 @@ func (b *Backend) adopted(project string) (*adoptee, error) {
 	return as[0], nil
 }
 
+// adoptedFor is adopted for a spec. A spec of an adopted project whose
+// object is not (or no longer) seen is an error, never a reason to create
+// pgwake's own server with empty data under its name.
+func (b *Backend) adoptedFor(spec backend.Spec) (*adoptee, error) {
+	ad, err := b.adopted(spec.Name)
+	if err == nil && ad == nil && spec.Adopted != "" {
+		return nil, fmt.Errorf("project %q was adopted from %s, which pgwake does not see now (its %s annotation removed, the object deleted, or the cache not filled yet): %w",
+			spec.Name, spec.Adopted, AnnotationAdopt, backend.ErrNotFound)
+	}
+	return ad, err
+}
+
 func (b *Backend) managedExists(project string) bool {
 	s, err := b.sets.Get(objectName(project))
 	return err == nil && owned(s.Labels, project)
@@ -471,7 +482,10 @@ func (b *Backend) adoptedRecords(ctx context.Context) []backend.Record {
 	var out []backend.Record
 	for _, project := range sortedKeys(names) {
 		ad, err := b.adopted(project)
-		if err == nil && ad == nil && len(b.adoptees(project)) > 0 {
+		if err == nil && ad == nil {
+			if len(b.adoptees(project)) == 0 {
+				continue // gone since the index was read
+			}
 			err = fmt.Errorf("project %q exists already as pgwake's own: the annotated object is not adopted", project)
 		}
 		if err == nil {
@@ -545,7 +559,7 @@ func (b *Backend) adoptedRecord(ctx context.Context, ad *adoptee) backend.Record
 		db = d
 	}
 	rec := backend.Record{
-		Spec:       backend.Spec{Name: ad.project, Image: ad.image, User: user, Password: password, Database: db},
+		Spec:       backend.Spec{Name: ad.project, Image: ad.image, User: user, Password: password, Database: db, Adopted: ad.ref()},
 		SleepAfter: b.adopt.sleepAfter,
 		SleepMode:  backend.SleepStop,
 		Pinned:     ad.ann[AnnotationPinned] == "true",
@@ -599,7 +613,11 @@ func (b *Backend) controls(ad *adoptee, pod *corev1.Pod) bool {
 	case kindStatefulSet:
 		return ref.Kind == "StatefulSet" && ref.UID == ad.uid
 	case kindDeployment:
-		return ref.Kind == "ReplicaSet" && strings.HasPrefix(ref.Name, ad.name+"-") && ad.selector.Matches(labels.Set(pod.Labels))
+		// The Deployment controller names its ReplicaSets
+		// DEPLOYMENT-HASH and labels their Pods with HASH: a prefix alone
+		// would match Deployment "app-db"'s Pods for Deployment "app".
+		hash := pod.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
+		return ref.Kind == "ReplicaSet" && hash != "" && ref.Name == ad.name+"-"+hash && ad.selector.Matches(labels.Set(pod.Labels))
 	case kindCluster:
 		return ref.Kind == "Cluster" && ref.UID == ad.uid && b.rwSelector(ad).Matches(labels.Set(pod.Labels))
 	}
@@ -694,7 +712,7 @@ func (b *Backend) statusAdopted(ctx context.Context, ad *adoptee) (backend.Statu
 // sleep if pgwake woke it.
 func (b *Backend) startAdopted(ctx context.Context, ad *adoptee) (ep backend.Endpoint, err error) {
 	t := time.Now()
-	woke := false
+	woke, orig := false, *ad
 	switch ad.kind {
 	case kindStatefulSet, kindDeployment:
 		if ad.replicas > 1 {
@@ -718,7 +736,15 @@ func (b *Backend) startAdopted(ctx context.Context, ad *adoptee) (ep backend.End
 		if err != nil && woke {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			if serr := b.sleepAdopted(sctx, ad, false); serr != nil {
+			// From what it was before the wake: the cache may not show the
+			// wake yet, and a sleep would then think nothing is to undo.
+			var serr error
+			if orig.kind == kindCluster {
+				serr = b.annotate(sctx, &orig, map[string]any{AnnotationHibernation: "on"})
+			} else {
+				serr = b.scaleAdopted(sctx, &orig, 0)
+			}
+			if serr != nil {
 				b.log.Warn("putting an adopted project whose wake failed back to sleep", "project", ad.project, "err", serr)
 			}
 		}
@@ -747,6 +773,9 @@ func (b *Backend) startAdopted(ctx context.Context, ad *adoptee) (ep backend.End
 func (b *Backend) sleepAdopted(ctx context.Context, ad *adoptee, wait bool) error {
 	switch ad.kind {
 	case kindStatefulSet, kindDeployment:
+		if ad.replicas > 1 {
+			return fmt.Errorf("%s has %d replicas: pgwake sleeps single-server workloads only", ad.ref(), ad.replicas)
+		}
 		if ad.replicas != 0 {
 			if err := b.scaleAdopted(ctx, ad, 0); err != nil {
 				return err

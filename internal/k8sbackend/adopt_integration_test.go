@@ -255,8 +255,15 @@ func TestIntegrationAdoptStatefulSet(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Get(ctx, "legacy-creds", metav1.GetOptions{}); err != nil {
 		t.Errorf("its Secret after rm and RemoveAll(volumes): %v", err)
 	}
-	if st, err := be.Status(ctx, s); err != nil || st.State != backend.StateMissing {
-		t.Errorf("Status after rm = %+v, %v; want missing", st, err)
+	// The spec still says adopted: nothing is created in its name.
+	if _, err := be.Status(ctx, s); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Status after rm = %v; want not found", err)
+	}
+	if _, err := be.Start(ctx, s); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Start after rm = %v; want not found, never a new server", err)
+	}
+	if _, err := env.Client.AppsV1().StatefulSets(ns).Get(ctx, "pgwake-legacy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pgwake created its own server for a forgotten adopted project: %v", err)
 	}
 }
 

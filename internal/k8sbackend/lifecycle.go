@@ -76,7 +76,7 @@ func (b *Backend) cachedState(project string) backend.State {
 // Status implements backend.Backend, from the informer caches: running
 // once the Pod's postgres container runs and has an address to dial.
 func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		if err != nil {
 			return backend.Status{}, err
 		}
@@ -247,7 +247,7 @@ func failedStart(pod *corev1.Pod, image string) string {
 // Phase implements backend.Phaser: the Pod's phase and what it waits
 // for, shown while a project wakes ("Pending: ContainerCreating").
 func (b *Backend) Phase(ctx context.Context, spec backend.Spec) string {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		if ad == nil {
 			return ""
 		}
@@ -314,7 +314,7 @@ func (b *Backend) pvcPending(ctx context.Context, project string) string {
 // WillInitialize implements backend.Initializer: a project without its
 // PVC gets a new, empty volume, and its first start runs initdb.
 func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		return false // its data is its owner's, initialised or not
 	}
 	_, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, pvcName(spec.Name), metav1.GetOptions{})
@@ -327,7 +327,7 @@ func (b *Backend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
 // be pulled, a crash loop). A PVC that stays unbound until ctx ends is
 // named with its StorageClass.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endpoint, err error) {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		if err != nil {
 			return backend.Endpoint{}, err
 		}
@@ -477,7 +477,7 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	if mode == backend.SleepPause {
 		return errors.New("the kubernetes backend cannot pause a server (the Kubernetes API has no freezer); use sleep mode stop")
 	}
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		if err != nil {
 			return err
 		}
@@ -520,7 +520,10 @@ func (b *Backend) waitNoPods(ctx context.Context, project string) error {
 // the name takes its password, and the PVC stays. With volumes the PVC
 // and the Secret go too.
 func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) error {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
+		if errors.Is(err, backend.ErrNotFound) {
+			return nil // its object is gone already: nothing to forget
+		}
 		if err != nil {
 			return err
 		}
@@ -632,7 +635,7 @@ func (b *Backend) RemoveAll(ctx context.Context, volumes bool) error {
 // the current run's.
 func (b *Backend) Logs(ctx context.Context, spec backend.Spec, follow bool, tail int) (io.ReadCloser, error) {
 	pod := b.pod(spec.Name)
-	if ad, err := b.adopted(spec.Name); err != nil {
+	if ad, err := b.adoptedFor(spec); err != nil {
 		return nil, err
 	} else if ad != nil {
 		pod = b.servingPod(ad)

@@ -115,7 +115,7 @@ func ownerRef(s *appsv1.StatefulSet) []metav1.OwnerReference {
 // ErrNotOwned and left alone. A kept Secret (`rm` without --volumes) is
 // taken over when its password is spec's.
 func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
-	if ad, err := b.adopted(spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(spec); err != nil || ad != nil {
 		return err // an adopted object exists as its owner made it
 	}
 	_, err := b.ensure(ctx, spec)
@@ -226,7 +226,7 @@ func ownedBy(refs []metav1.OwnerReference, set *appsv1.StatefulSet) bool {
 // StatefulSet as annotations, where every pgwake of the namespace reads
 // them.
 func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
-	if ad, err := b.adopted(rec.Spec.Name); err != nil || ad != nil {
+	if ad, err := b.adoptedFor(rec.Spec); err != nil || ad != nil {
 		if err != nil {
 			return err
 		}

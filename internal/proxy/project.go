@@ -831,7 +831,10 @@ func (p *project) sleepNow(ctx context.Context) error {
 			return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
 		case p.state == StateRunning && p.shared != nil:
 			p.mu.Unlock()
-			if _, why := p.askPeers(); why != "" {
+			// A peer's client that just left may not be published yet
+			// (its Lease is written at most every 100 ms): give a few
+			// seconds before refusing.
+			if why := p.peersStillBusy(); why != "" {
 				return fmt.Errorf("project %q stays awake: %s", p.name, why)
 			}
 			p.mu.Lock()
