@@ -63,6 +63,15 @@ func postgresPod(t testing.TB, l map[string]string, secret, user, db string) cor
 	return kubeenv.PostgresTemplate(testenv.PostgresImage(t), l, secret, user, db)
 }
 
+func ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 func passwordSecret(t *testing.T, env *kubeenv.Env, ns, name string, data map[string]string) {
 	t.Helper()
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, StringData: data}
@@ -293,7 +302,26 @@ func TestIntegrationAdoptDeployment(t *testing.T) {
 	if _, err := env.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Another Deployment whose name starts with this one's and whose Pod
+	// its selector matches: never taken for the adopted server.
+	shadow := dep.DeepCopy()
+	shadow.Name, shadow.Annotations = "app-db-shadow", nil
+	shadow.Spec.Replicas = ptr.To[int32](1)
+	shadowLabels := map[string]string{"app": "app-db", "role": "shadow"}
+	shadow.Spec.Selector = &metav1.LabelSelector{MatchLabels: shadowLabels}
+	shadow.Spec.Template = postgresPod(t, shadowLabels, "app-db", "", "")
+	shadow.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if _, err := env.Client.AppsV1().Deployments(ns).Create(ctx, shadow, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	be := adoptBackend(t, env, ns, k8sbackend.DialPodIP)
+	waitGone(t, func() error { // until the shadow's Pod is Ready
+		ps, err := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "role=shadow"})
+		if err != nil || len(ps.Items) == 0 || ps.Items[0].Status.PodIP == "" || !ready(&ps.Items[0]) {
+			return err
+		}
+		return apierrors.NewNotFound(corev1.Resource("pods"), "ready")
+	})
 	rec := record(t, be, "appdb", true)
 	s := rec.Spec
 	if rec.Adopted != "deployment/app-db" || s.Password != "" || rec.SleepAfter != 7*time.Minute {
@@ -315,7 +343,7 @@ func TestIntegrationAdoptDeployment(t *testing.T) {
 	if err := be.Sleep(ctx, s, backend.SleepStop); err != nil {
 		t.Fatal(err)
 	}
-	if n := podsOf(t, env, ns, "app=app-db"); n != 0 {
+	if n := podsOf(t, env, ns, "app=app-db,!role"); n != 0 {
 		t.Fatalf("%d pods after Sleep", n)
 	}
 	ep, err = be.Start(ctx, s)
