@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -52,12 +53,16 @@ proxy itself (listen, backend, ...) belong to pgwake up.`,
 	f.BoolVar(&o.req.PortOutsideRange, "port-outside-range", false, "allow a --port below 1024 or outside port_range")
 	f.BoolVar(&o.ephemeral, "ephemeral", false, "remove the project with its data on pgwake down (default: the ephemeral config key)")
 	f.BoolVar(&o.showPassword, "show-password", false, "print the URL with its password")
+	f.StringVar(&o.req.From, "from", "", "make it a branch of this project: a copy of its data now (see pgwake branch)")
 	return cmd
 }
 
 func runCreate(ctx context.Context, d *deps, o createOptions) error {
 	req := o.req
 	fillCreateRequest(&req, d.cfg)
+	if req.From != "" && o.req.Image == "" {
+		req.Image = "" // a branch runs its source's image, whatever the config's default
+	}
 	if err := checkDaemonKeys(ctx, d); err != nil {
 		return err
 	}
@@ -74,7 +79,9 @@ func runCreate(ctx context.Context, d *deps, o createOptions) error {
 	}
 	fmt.Fprintf(d.stderr, "created %s %s (image %s, sleeps after %s idle, mode %s)\n",
 		kind, p.Name, p.Image, fmtMS(p.SleepAfterMS), p.SleepMode)
-	if p.Backend == "local" {
+	if p.Parent != "" {
+		fmt.Fprintf(d.stderr, "its data is a copy of %s's, taken %s\n", p.Parent, p.BranchedAt.Local().Format(time.DateTime))
+	} else if p.Backend == "local" {
 		fmt.Fprintln(d.stderr, "its data was initialised now (initdb); its first connect starts the server, later wakes too")
 	} else {
 		fmt.Fprintln(d.stderr, "its first connect starts the server for the first time (initdb for new data): allow a few seconds; later wakes are much faster")

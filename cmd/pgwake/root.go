@@ -99,6 +99,8 @@ sees nothing but a slower first connect.
 		newUpCommand(d),
 		newDownCommand(d),
 		newCreateCommand(d),
+		newBranchCommand(d),
+		newSnapshotCommand(d), newSnapshotsCommand(d), newResetCommand(d),
 		newRmCommand(d),
 		newLsCommand(d),
 		newStatusCommand(d),

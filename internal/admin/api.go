@@ -89,7 +89,10 @@ type Project struct {
 	Backend   string    `json:"backend"`
 	// Adopted names the object pgwake adopted the project from
 	// ("statefulset/db"); empty for a project pgwake created.
-	Adopted       string    `json:"adopted,omitempty"`
+	Adopted string `json:"adopted,omitempty"`
+	// Parent is the project this one was branched from, BranchedAt when.
+	Parent        string    `json:"parent,omitempty"`
+	BranchedAt    time.Time `json:"branched_at,omitzero"`
 	RecentWakesMS []float64 `json:"recent_wakes_ms"` // oldest first
 	// FirstStartMS is the project's first start (initdb), which is not a
 	// wake and stays out of the wake figures; zero if pgwake did not see it.
@@ -122,6 +125,31 @@ type CreateRequest struct {
 	// PortOutsideRange allows a Port below 1024 or outside the daemon's
 	// port_range.
 	PortOutsideRange bool `json:"port_outside_range,omitempty"`
+	// From makes the project a branch of the project it names: its data
+	// is a copy of that project's, taken now (its image, user and
+	// database come with it; its password and port are its own).
+	From string `json:"from,omitempty"`
+}
+
+// Snapshot is a kept copy of a project's data.
+type Snapshot struct {
+	Label   string    `json:"label"`
+	TakenAt time.Time `json:"taken_at"`
+	Bytes   int64     `json:"bytes"` // 0 when the runtime cannot tell
+}
+
+// SnapshotRequest takes a snapshot; an empty label is the time, UTC
+// (20261202-153000).
+type SnapshotRequest struct {
+	Label string `json:"label,omitempty"`
+}
+
+// ResetRequest puts a project's data back to a snapshot: Label, or the
+// latest when empty. With Force, open sessions are ended (FATAL 57P01);
+// without, a project with open connections is refused.
+type ResetRequest struct {
+	Label string `json:"label,omitempty"`
+	Force bool   `json:"force,omitempty"`
 }
 
 // Errors a Service returns for the API to map to HTTP statuses.
@@ -157,6 +185,13 @@ type Service interface {
 	Sleep(ctx context.Context, name string) error
 	Pin(name string, pinned bool) error
 	Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error)
+	// Snapshot keeps a consistent copy of a project's data; Snapshots
+	// lists them, oldest first; DeleteSnapshot removes one; Reset puts
+	// the project's data back to one.
+	Snapshot(ctx context.Context, name string, req SnapshotRequest) (Snapshot, error)
+	Snapshots(ctx context.Context, name string) ([]Snapshot, error)
+	DeleteSnapshot(ctx context.Context, name, label string) error
+	Reset(ctx context.Context, name string, req ResetRequest) (Snapshot, error)
 	// Subscribe streams project changes until ctx ends: first the current
 	// snapshot of every project, then each change. The channel closes when
 	// ctx ends.

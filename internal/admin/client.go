@@ -141,6 +141,32 @@ func (c *Client) Action(ctx context.Context, name, action string) (Project, erro
 	return p, err
 }
 
+// Snapshot keeps a consistent copy of a project's data.
+func (c *Client) Snapshot(ctx context.Context, name string, req SnapshotRequest) (Snapshot, error) {
+	var s Snapshot
+	err := c.do(ctx, http.MethodPost, APIPrefix+"/projects/"+url.PathEscape(name)+"/snapshots", req, &s)
+	return s, err
+}
+
+// Snapshots lists a project's snapshots, oldest first.
+func (c *Client) Snapshots(ctx context.Context, name string) ([]Snapshot, error) {
+	var s []Snapshot
+	err := c.do(ctx, http.MethodGet, APIPrefix+"/projects/"+url.PathEscape(name)+"/snapshots", nil, &s)
+	return s, err
+}
+
+// DeleteSnapshot removes one of a project's snapshots.
+func (c *Client) DeleteSnapshot(ctx context.Context, name, label string) error {
+	return c.do(ctx, http.MethodDelete, APIPrefix+"/projects/"+url.PathEscape(name)+"/snapshots/"+url.PathEscape(label), nil, nil)
+}
+
+// Reset puts a project's data back to a snapshot and returns which.
+func (c *Client) Reset(ctx context.Context, name string, req ResetRequest) (Snapshot, error) {
+	var s Snapshot
+	err := c.do(ctx, http.MethodPost, APIPrefix+"/projects/"+url.PathEscape(name)+"/reset", req, &s)
+	return s, err
+}
+
 // Logs streams a project's server log.
 func (c *Client) Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error) {
 	q := url.Values{"follow": {strconv.FormatBool(follow)}, "tail": {strconv.Itoa(tail)}}

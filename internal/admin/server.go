@@ -35,10 +35,7 @@ func Handler(svc Service) http.Handler {
 	})
 	mux.HandleFunc("POST "+APIPrefix+"/projects", func(w http.ResponseWriter, r *http.Request) {
 		var req CreateRequest
-		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeError(w, Invalid(err))
+		if !decode(w, r, &req) {
 			return
 		}
 		p, err := svc.Create(r.Context(), req)
@@ -100,11 +97,65 @@ func Handler(svc Service) http.Handler {
 		fw.flush()
 		io.Copy(fw, rc)
 	})
+	mux.HandleFunc("GET "+APIPrefix+"/projects/{name}/snapshots", func(w http.ResponseWriter, r *http.Request) {
+		snaps, err := svc.Snapshots(r.Context(), r.PathValue("name"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if snaps == nil {
+			snaps = []Snapshot{}
+		}
+		writeJSON(w, http.StatusOK, snaps)
+	})
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/snapshots", func(w http.ResponseWriter, r *http.Request) {
+		var req SnapshotRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		snap, err := svc.Snapshot(r.Context(), r.PathValue("name"), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, snap)
+	})
+	mux.HandleFunc("DELETE "+APIPrefix+"/projects/{name}/snapshots/{label}", func(w http.ResponseWriter, r *http.Request) {
+		if err := svc.DeleteSnapshot(r.Context(), r.PathValue("name"), r.PathValue("label")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/reset", func(w http.ResponseWriter, r *http.Request) {
+		var req ResetRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		snap, err := svc.Reset(r.Context(), r.PathValue("name"), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, snap)
+	})
 	mux.HandleFunc("POST "+APIPrefix+"/shutdown", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
 		svc.Shutdown(r.URL.Query().Get("volumes") == "true")
 	})
 	return mux
+}
+
+// decode reads a JSON request body into v (an empty body leaves v as it
+// is), answering 400 and returning false when it is not one.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, Invalid(err))
+		return false
+	}
+	return true
 }
 
 // keepalive is how often an idle event stream gets a comment line, so

@@ -235,6 +235,54 @@ type Catalog interface {
 	Kept(ctx context.Context, project string) (Spec, bool, error)
 }
 
+// Snapshot is a kept copy of a project's data, taken at one consistent
+// point (see Brancher).
+type Snapshot struct {
+	Label string
+	Taken time.Time
+	Bytes int64 // its size on disk; 0 when the runtime cannot tell
+}
+
+// ErrNotStopped is returned by a file copy of a server's data when the
+// server is not stopped (running or paused): its files are not a
+// consistent copy then. Callers copy from the running server instead.
+var ErrNotStopped = errors.New("server is not stopped")
+
+// ErrDataExists is returned by Branch when the new project already has
+// data (a leftover): it is never overwritten, nor removed by the failed
+// branch.
+var ErrDataExists = errors.New("data exists already")
+
+// Brancher is implemented by backends that can copy a project's data:
+// into a new project (a branch) or a snapshot, and back from a snapshot.
+//
+// Every copy is of one consistent point. With live, the source's server
+// runs (the caller keeps it running and it serves its clients meanwhile)
+// and the copy is a base backup streamed from it (pg_basebackup), whose
+// point is the backup's end. Without live, the caller keeps the source's
+// server stopped and its files are copied, copy-on-write where the
+// filesystem can; a server found running or paused is ErrNotStopped.
+//
+// A copy interrupted at any point (a failed call, a crash) never leaves
+// data a server would start from as if it were whole: until it completes,
+// the target has no PG_VERSION and a start fails.
+type Brancher interface {
+	// Branch makes dst's data (which must not exist yet) a copy of src's.
+	// dst's server is created by Ensure afterwards, on that data.
+	Branch(ctx context.Context, src, dst Spec, live bool) error
+	// Snapshot keeps a copy of spec's data under label, which must be
+	// new for the project.
+	Snapshot(ctx context.Context, spec Spec, label string, live bool) (Snapshot, error)
+	// Snapshots lists spec's snapshots, oldest first.
+	Snapshots(ctx context.Context, spec Spec) ([]Snapshot, error)
+	// Restore replaces spec's data with the snapshot's. The caller keeps
+	// the server stopped; the snapshot stays.
+	Restore(ctx context.Context, spec Spec, label string) error
+	// DeleteSnapshot removes one snapshot. Remove with volumes removes
+	// them all.
+	DeleteSnapshot(ctx context.Context, spec Spec, label string) error
+}
+
 // Describer is implemented by backends that can say in one line where
 // they work and how they reach servers ("namespace dev on https://...;
 // dials port-forward through the API server"), for logs and the API.

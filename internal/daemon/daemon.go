@@ -566,7 +566,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
 		Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
 		CreatedAt: p.CreatedAt, State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
-		Adopted: p.Adopted,
+		Adopted: p.Adopted, Parent: p.Parent, BranchedAt: p.BranchedAt,
 	}
 	out.Port, out.PortError = d.portOf(p)
 	st, err := d.srv.ProjectStatus(p.Name)
@@ -648,6 +648,18 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		Name: req.Name, Image: req.Image, User: "postgres", Database: req.Name,
 		SleepAfter: d.cfg.SleepAfter, SleepMode: req.SleepMode, Ephemeral: d.cfg.Ephemeral,
 		Port: req.Port, Backend: be.Name(),
+	}
+	var src *state.Project
+	if req.From != "" {
+		s, err := d.branchSource(ctx, req)
+		if err != nil {
+			return admin.Project{}, err
+		}
+		// The copy's image, roles and database are its source's; the
+		// server runs where the source's data is.
+		src, be = &s, d.backendOf(s)
+		p.Image, p.User, p.Database, p.Backend = s.Image, s.User, s.Database, s.Backend
+		p.Parent, p.BranchedAt = s.Name, time.Now().UTC().Truncate(time.Second)
 	}
 	if err := d.checkPort(req.Port, req.PortOutsideRange); err != nil {
 		return admin.Project{}, admin.Invalid(err)
@@ -740,7 +752,7 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		if !errors.Is(cause, backend.ErrNotOwned) && !errors.Is(cause, backend.ErrUnavailable) {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 			defer cancel()
-			if err := be.Remove(rctx, spec(p), !existed); err != nil {
+			if err := be.Remove(rctx, spec(p), !existed && !errors.Is(cause, backend.ErrDataExists)); err != nil {
 				d.log.Error("create failed and its rollback too; `pgwake down --volumes` removes what is left",
 					"project", p.Name, "err", err)
 			}
@@ -749,7 +761,16 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 			d.log.Error("create failed; removing it from the state", "project", p.Name, "err", err)
 		}
 	}
-	if err := be.Ensure(ctx, spec(p)); err != nil {
+	if src != nil && reused {
+		err := fmt.Errorf("data of an earlier project %q is kept (rm without --volumes): a branch needs a name without data; `pgwake create %s` reuses it, or choose another name", p.Name, p.Name)
+		rollback(err)
+		return admin.Project{}, admin.Conflict(err)
+	}
+	ensure := be.Ensure
+	if src != nil {
+		ensure = func(ctx context.Context, _ backend.Spec) error { return d.branchData(ctx, *src, p) }
+	}
+	if err := ensure(ctx, spec(p)); err != nil {
 		rollback(err)
 		return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
 	}

@@ -989,6 +989,9 @@ func (b *Backend) watchOnce(ctx context.Context, out chan<- backend.Event) error
 		case err := <-res.Err:
 			return err
 		case m := <-res.Messages:
+			if m.Actor.Attributes[LabelRole] != "" {
+				continue // a helper (a copy), not the project's server
+			}
 			ev := backend.Event{Project: m.Actor.Attributes[LabelProject]}
 			switch m.Action {
 			case events.ActionStart, events.ActionUnPause:

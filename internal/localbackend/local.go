@@ -294,6 +294,11 @@ func (b *Backend) Ensure(ctx context.Context, spec backend.Spec) error {
 
 func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) (err error) {
 	dir, data := b.dir(spec.Name), b.dataDir(spec.Name)
+	// A restore a crash interrupted left the old data beside: finish or
+	// undo it before anything could take the missing data for new.
+	if err := b.recoverSwap(spec.Name); err != nil {
+		return fmt.Errorf("finish an interrupted restore of project %q: %w", spec.Name, err)
+	}
 	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err == nil {
 		// A project made before the marker existed gets one now.
 		if err := mark(dir); err != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 // States lists every state a project can be in, so each gets a series.
-var States = []string{"sleeping", "waking", "running", "stopping", "error"}
+var States = []string{"sleeping", "waking", "running", "stopping", "held", "error"}
 
 // Metrics is pgwake's registry.
 type Metrics struct {

@@ -24,6 +24,9 @@ const (
 	StateWaking   State = "waking"
 	StateRunning  State = "running"
 	StateStopping State = "stopping"
+	// StateHeld is a sleeping server kept asleep while its data is
+	// copied or restored (a snapshot, a reset): clients park until then.
+	StateHeld State = "held"
 )
 
 // Project is a project's configuration as the proxy needs it.
@@ -295,7 +298,7 @@ func (p *project) awake(ctx context.Context) (target, error) {
 			t := p.target
 			p.mu.Unlock()
 			return t, nil
-		case StateStopping:
+		case StateStopping, StateHeld:
 			ch := p.stopDone
 			p.queued++
 			p.mu.Unlock()
@@ -931,7 +934,7 @@ func (p *project) remove() chan struct{} {
 func (p *project) shutdown() error {
 	p.mu.Lock()
 	p.closed = true
-	for p.state == StateWaking || p.state == StateStopping {
+	for p.state == StateWaking || p.state == StateStopping || p.state == StateHeld {
 		ch := p.inFlight()
 		p.mu.Unlock()
 		<-ch
@@ -953,7 +956,7 @@ func (p *project) shutdown() error {
 		}
 		p.mu.Lock()
 		// A sweep's sleep may have begun meanwhile: let it end first.
-		for p.state == StateWaking || p.state == StateStopping {
+		for p.state == StateWaking || p.state == StateStopping || p.state == StateHeld {
 			ch := p.inFlight()
 			p.mu.Unlock()
 			<-ch
@@ -1072,4 +1075,117 @@ func (p *project) status() Status {
 func percentile(sorted []time.Duration, q float64) time.Duration {
 	i := int(float64(len(sorted))*q+0.999999) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// BusyError refuses to stop a server that clients are using.
+type BusyError struct {
+	Project string
+	Conns   int
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("project %q has %d open connection(s)", e.Project, e.Conns)
+}
+
+// ErrAwake is returned by a hold that needs the server asleep and may not
+// stop it, when it is awake.
+var ErrAwake = errors.New("its server is awake")
+
+// holdAsleep runs fn with the project's server asleep and held so (state
+// Held): clients that connect meanwhile park, and wake the server once fn
+// is done, with whatever data fn left. A wake or sleep in flight ends
+// first. An awake server is ErrAwake unless stop is set; then it is shut
+// down (fast) first, which a server with clients is only with force: their
+// sessions then end with Postgres's own FATAL 57P01.
+func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, fn func(context.Context) error) error {
+	for {
+		p.mu.Lock()
+		switch {
+		case p.removed:
+			p.mu.Unlock()
+			return errRemoved
+		case p.closed:
+			p.mu.Unlock()
+			return errShuttingDown
+		}
+		switch p.state {
+		case StateWaking, StateStopping, StateHeld:
+			ch := p.inFlight()
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case StateRunning:
+			if !stop {
+				p.mu.Unlock()
+				return ErrAwake
+			}
+			if n := p.active; n > 0 && !force {
+				p.mu.Unlock()
+				return &BusyError{Project: p.name, Conns: n}
+			}
+		}
+		wasRunning := p.state == StateRunning
+		done := make(chan struct{})
+		p.state, p.stopDone = StateHeld, done
+		p.recordLocked("held: %s", why)
+		spec := p.cfg.Spec
+		p.mu.Unlock()
+		p.notify()
+		p.log.Info("holding project asleep", "why", why)
+
+		var stopErr, err error
+		if stop {
+			// Also when it sleeps already: a paused server must be
+			// stopped for its files to be whole, and stopping a stopped
+			// one is a no-op.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(p.env.base), p.env.stopTimeout)
+			stopErr = p.be.Sleep(sctx, spec, backend.SleepStop)
+			cancel()
+			err = stopErr
+		}
+		if err == nil {
+			err = fn(ctx)
+		}
+
+		p.mu.Lock()
+		switch {
+		case stopErr != nil && wasRunning:
+			// It may still run: as after a failed sleep.
+			p.state = StateRunning
+			p.lastActive = p.env.now()
+			p.recordLocked("stop for %s failed: %v", why, stopErr)
+		default:
+			p.state, p.target = StateSleeping, target{}
+			if err != nil {
+				p.recordLocked("%s failed: %v", why, err)
+			} else {
+				p.recordLocked("%s: done", why)
+			}
+		}
+		p.stopDone = nil
+		p.mu.Unlock()
+		close(done)
+		p.notify()
+		return err
+	}
+}
+
+// withAwake runs fn with the project's server awake (woken first, exactly
+// once like any client's wake) and kept so: fn counts as a client.
+func (p *project) withAwake(ctx context.Context, fn func(context.Context) error) error {
+	if ok, removed := p.acquire(); !ok {
+		if removed {
+			return errRemoved
+		}
+		return fmt.Errorf("project %q: too many connections", p.name)
+	}
+	defer p.release()
+	if _, err := p.awake(ctx); err != nil {
+		return err
+	}
+	return fn(ctx)
 }

@@ -328,6 +328,30 @@ func (s *Server) Sleep(ctx context.Context, name string) error {
 	return p.sleepNow(ctx)
 }
 
+// HoldAsleep runs fn while the project's server is asleep and held so:
+// clients that connect meanwhile wait, and wake it when fn is done. An
+// awake server is ErrAwake unless stop is set; then it is shut down first,
+// which one with clients is only with force (their sessions end with
+// FATAL 57P01), else a *BusyError. why names the hold in the project's
+// history ("reset to snapshot x").
+func (s *Server) HoldAsleep(ctx context.Context, name string, stop, force bool, why string, fn func(context.Context) error) error {
+	p := s.project(name)
+	if p == nil {
+		return fmt.Errorf("%w: %q", ErrNoProject, name)
+	}
+	return p.holdAsleep(ctx, stop, force, why, fn)
+}
+
+// WithAwake runs fn while the project's server is awake: woken first if it
+// sleeps, and kept awake (fn counts as a client) until fn returns.
+func (s *Server) WithAwake(ctx context.Context, name string, fn func(context.Context) error) error {
+	p := s.project(name)
+	if p == nil {
+		return fmt.Errorf("%w: %q", ErrNoProject, name)
+	}
+	return p.withAwake(ctx, fn)
+}
+
 // SetPinned pins a project awake (it is never put to sleep on idle) or
 // unpins it.
 func (s *Server) SetPinned(name string, pinned bool) error {

@@ -44,6 +44,11 @@ type Project struct {
 	// ("statefulset/db"): its runtime's owner made it, pgwake only sleeps
 	// and wakes it, and removing the project only forgets it.
 	Adopted string `json:"adopted,omitempty"`
+	// Parent is the project this one was branched from, and BranchedAt
+	// when its data was copied (the copy's consistent point is then or
+	// within the copy's few seconds).
+	Parent     string    `json:"parent,omitempty"`
+	BranchedAt time.Time `json:"branched_at,omitzero"`
 }
 
 type file struct {

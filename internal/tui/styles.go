@@ -47,7 +47,7 @@ func newStyles(p colorprofile.Profile) styles {
 		s.title = s.title.Reverse(true)
 		s.banner = s.banner.Reverse(true)
 		s.table.Selected = s.table.Selected.Reverse(true)
-		for _, st := range []string{"sleeping", "waking", "running", "stopping", "error"} {
+		for _, st := range []string{"sleeping", "waking", "running", "stopping", "held", "error"} {
 			s.states[st] = lipgloss.NewStyle()
 		}
 		return s
@@ -66,6 +66,7 @@ func newStyles(p colorprofile.Profile) styles {
 	s.states["waking"] = lipgloss.NewStyle().Foreground(lipgloss.Color("220")).Bold(true)
 	s.states["running"] = lipgloss.NewStyle().Foreground(lipgloss.Color("42")).Bold(true)
 	s.states["stopping"] = lipgloss.NewStyle().Foreground(lipgloss.Color("208"))
+	s.states["held"] = lipgloss.NewStyle().Foreground(lipgloss.Color("141"))
 	s.states["error"] = lipgloss.NewStyle().Foreground(lipgloss.Color("196")).Bold(true)
 	return s
 }
@@ -83,6 +84,8 @@ func stateLabel(state string) string {
 		g = "●"
 	case "stopping":
 		g = "◑"
+	case "held":
+		g = "◍"
 	case "error":
 		g = "✗"
 	}
