@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,11 +139,24 @@ func TestIntegrationAPIAndMetricsAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	states := make(chan string, 256)
+	// Every state the stream shows is kept, and each event also pokes the
+	// wait below (which must not consume what the last check reads: it
+	// once ate the one "running" under load).
+	var (
+		seenMu sync.Mutex
+		seen   = map[string]bool{}
+		poke   = make(chan struct{}, 1)
+	)
 	go func() {
 		for ev := range events {
 			if ev.Project.Name == "obs" {
-				states <- ev.Project.State
+				seenMu.Lock()
+				seen[ev.Project.State] = true
+				seenMu.Unlock()
+				select {
+				case poke <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}()
@@ -175,7 +189,7 @@ func TestIntegrationAPIAndMetricsAgree(t *testing.T) {
 	deadline := time.After(30 * time.Second)
 	for got.Active != 0 {
 		select {
-		case <-states:
+		case <-poke:
 		case <-deadline:
 			t.Fatalf("connections not released: %+v", got)
 		}
@@ -218,10 +232,8 @@ func TestIntegrationAPIAndMetricsAgree(t *testing.T) {
 		t.Errorf("latency stats: first start %v, last %v, recent %v", got.FirstStartMS, got.LastWakeMS, got.RecentWakesMS)
 	}
 	// The stream saw the wake happen.
-	seen := map[string]bool{}
-	for len(states) > 0 {
-		seen[<-states] = true
-	}
+	seenMu.Lock()
+	defer seenMu.Unlock()
 	if !seen["running"] {
 		t.Errorf("event stream states %v, want running among them", seen)
 	}

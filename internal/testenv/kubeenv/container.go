@@ -36,6 +36,16 @@ func (r *podRun) runContainer(c *ctrRun) {
 			if r.ctx.Err() != nil {
 				return
 			}
+			var notReady volumeNotReady
+			if errors.As(err, &notReady) {
+				// Still ContainerCreating, as the Pod is until its
+				// volumes mount; checked again soon.
+				r.log.Debug("volume not ready", "container", c.spec.Name, "err", err)
+				if !sleepCtx(r.ctx, 200*time.Millisecond) {
+					return
+				}
+				continue
+			}
 			r.log.Warn("create container", "container", c.spec.Name, "err", err)
 			reason := "CreateContainerError"
 			var cfgErr configError

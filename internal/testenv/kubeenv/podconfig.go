@@ -293,6 +293,11 @@ func (r *podRun) mounts(ctx context.Context, c corev1.Container) ([]mount.Mount,
 	return out, nil
 }
 
+// volumeNotReady is a volume the kubelet cannot mount yet and waits for.
+type volumeNotReady struct{ error }
+
+func (e volumeNotReady) Unwrap() error { return e.error }
+
 // claimPath is the directory of the PV bound to claim.
 func (r *podRun) claimPath(ctx context.Context, claim string) (string, error) {
 	core := r.p.kube.CoreV1()
@@ -301,7 +306,11 @@ func (r *podRun) claimPath(ctx context.Context, claim string) (string, error) {
 		return "", fmt.Errorf("persistentvolumeclaim %q: %w", claim, err)
 	}
 	if pvc.Spec.VolumeName == "" || pvc.Status.Phase != corev1.ClaimBound {
-		return "", fmt.Errorf("persistentvolumeclaim %q is not bound (%s)", claim, pvc.Status.Phase)
+		// The scheduler takes a claim with a volume name as bound; its
+		// Bound phase is a second write of the PV controller's. A real
+		// kubelet's volume manager waits for both, the Pod meanwhile
+		// ContainerCreating.
+		return "", volumeNotReady{fmt.Errorf("persistentvolumeclaim %q is not bound (%s)", claim, pvc.Status.Phase)}
 	}
 	pv, err := core.PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil {
