@@ -126,8 +126,11 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 	if err := os.RemoveAll(partial); err != nil {
 		return backend.Snapshot{}, err
 	}
-	if err := b.mkdirOwned(partial, 0o700); err != nil {
-		return backend.Snapshot{}, err
+	// Both levels owned by the server's account: pg_basebackup runs as it.
+	for _, d := range []string{b.snapDir(spec.Name), partial} {
+		if err := b.mkdirOwned(d, 0o700); err != nil {
+			return backend.Snapshot{}, err
+		}
 	}
 	defer func() {
 		if err != nil {
