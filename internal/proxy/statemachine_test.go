@@ -481,3 +481,75 @@ func TestFirstStartIsKeptOutOfWakeLatencies(t *testing.T) {
 		t.Fatalf("after a real wake: recent %v, wakes %d", st.Recent, st.Wakes)
 	}
 }
+
+// A hold keeps a sleeping project asleep while its data is copied: a wake
+// asked for meanwhile waits for the hold, and starts the server after it,
+// once. An awake project is not held unless the hold may stop it.
+func TestHoldAsleepParksWakesUntilDone(t *testing.T) {
+	t.Parallel()
+	addr := deadAddr(t)
+	be := &scriptBackend{status: backend.Status{State: backend.StateStopped}}
+	be.start = func() (backend.Endpoint, error) {
+		be.status = backend.Status{State: backend.StateRunning, Addr: addr, ID: "run-1"}
+		return backend.Endpoint{Addr: addr, ID: "run-1", Serving: true}, nil
+	}
+	srv, _ := serveBackend(t, be, proxy.Options{StatusInterval: time.Hour})
+	ctx := t.Context()
+
+	entered, gate := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- srv.HoldAsleep(ctx, "app", false, false, "copy", func(context.Context) error {
+			close(entered)
+			<-gate
+			return nil
+		})
+	}()
+	<-entered
+	if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateHeld {
+		t.Fatalf("state %s during the hold, want held", st.State)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- srv.Wake(ctx, "app") }()
+	for {
+		st, _ := srv.ProjectStatus("app")
+		if st.Queued == 1 {
+			break
+		}
+		select {
+		case err := <-woke:
+			t.Fatalf("a wake during the hold returned %v before the hold ended", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if n := be.startCount(); n != 0 {
+		t.Fatalf("%d starts during the hold, want 0", n)
+	}
+	close(gate)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-woke; err != nil {
+		t.Fatalf("the wake that waited for the hold: %v", err)
+	}
+	if n := be.startCount(); n != 1 {
+		t.Fatalf("%d starts, want 1", n)
+	}
+	err := srv.HoldAsleep(ctx, "app", false, false, "copy", func(context.Context) error {
+		t.Error("held an awake project")
+		return nil
+	})
+	if !errors.Is(err, proxy.ErrAwake) {
+		t.Fatalf("hold of an awake project: %v, want ErrAwake", err)
+	}
+	// May stop it: it is stopped, held, and sleeping after.
+	if err := srv.HoldAsleep(ctx, "app", true, false, "reset", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateSleeping {
+		t.Fatalf("after a stopping hold: %s, want sleeping", st.State)
+	}
+	if st, _ := be.Status(ctx, backend.Spec{}); st.State != backend.StateStopped {
+		t.Fatalf("the server is %s after a stopping hold, want stopped", st.State)
+	}
+}
