@@ -621,3 +621,44 @@ func TestIntegrationREADMECI(t *testing.T) {
 		}
 	}
 }
+
+// TestIntegrationREADMEBranchPerJob: the README's "seed once, branch per
+// job" block runs as written in a fresh clone: the branch has seed's rows
+// and its own, a reset puts back exactly the snapshot's, and down
+// --volumes leaves nothing of the instance (snapshots included).
+func TestIntegrationREADMEBranchPerJob(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	clone := freshClone(t)
+	blocks := shBlocks(t, readmeFile(t, clone), "Seed once, branch per job")
+	if len(blocks) != 1 {
+		t.Fatalf("the section has %d sh blocks, want 1", len(blocks))
+	}
+	run := h.runBlock(t, clone, h.readmeEnv(t), blocks[0])
+	if s := run.step(t, "pgwake snapshot seed"); strings.TrimSpace(s.stdout) != "seeded" {
+		t.Errorf("%q printed %q, want the label", s.line, s.stdout)
+	}
+	if s := run.step(t, "pgwake branch"); !strings.Contains(s.stderr, "a copy of seed's") {
+		t.Errorf("%q said %q, want that it is a copy of seed's", s.line, s.stderr)
+	}
+	if s := run.step(t, `psql "$(pgwake url job1)"`); !strings.Contains(s.stdout, "DELETE 1000") {
+		t.Errorf("the branch had other rows than seed's: %q printed %q", s.line, s.stdout)
+	}
+	if s := run.step(t, `psql "$(pgwake url seed)" -tAc`); strings.TrimSpace(s.stdout) != "1000" {
+		t.Errorf("after the reset %q printed %q, want 1000", s.line, s.stdout)
+	}
+	if s := run.step(t, "pgwake reset"); !strings.Contains(s.stderr, "reset to snapshot seeded") {
+		t.Errorf("%q said %q", s.line, s.stderr)
+	}
+	s := run.step(t, "pgwake snapshots")
+	wantListed(t, s, "seeded")
+	if !strings.Contains(s.stdout, "MB") {
+		t.Errorf("%q shows no size:\n%s", s.line, s.stdout)
+	}
+	if s := run.step(t, "pgwake ls"); !strings.Contains(s.stdout, "branch of seed") {
+		t.Errorf("%q does not show job1's parent:\n%s", s.line, s.stdout)
+	}
+	if containers, volumes := h.instanceObjects(t); containers != 0 || volumes != 0 {
+		t.Errorf("%d containers and %d volumes of the instance after down --volumes, want none", containers, volumes)
+	}
+}

@@ -42,6 +42,9 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if p.Adopted != "" {
 			be += " (" + p.Adopted + ")"
 		}
+		if p.Parent != "" {
+			be += " (branch of " + p.Parent + ")"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, FormatPort(p), p.Active, p.Queued, p.Wakes,
 			lastWake(p), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
 	}
