@@ -501,6 +501,25 @@ func TestTUICountdown(t *testing.T) {
 	h.waitText("in use")
 }
 
+// A tiered project's countdown shows both steps: the pause and the stop
+// after it while it runs idle, then the stop while it is paused.
+func TestTUICountdownTiered(t *testing.T) {
+	t.Parallel()
+	p := project("app", "running")
+	p.SleepMode, p.SleepAfterMS, p.StopAfterMS = "tiered", 10_000, 1_800_000
+	p.SleepsInMS, p.NextSleepMS = 4_000, 4_000
+	h := startTUI(t, newFakeSource(true, p))
+	h.waitText("pauses after 10s idle, stops 30m later (tiered)", "pauses in 4s, then stops 30m later")
+
+	p.State, p.Asleep, p.SleepsInMS, p.NextSleepMS = "sleeping", "pause", 0, 29*60_000
+	h.src.send(admin.StreamEvent{Type: "project", Project: p})
+	h.waitText("paused; stops in 29m", "stop 29m")
+
+	p.Asleep, p.NextSleepMS = "stop", 0
+	h.src.send(admin.StreamEvent{Type: "project", Project: p})
+	h.waitText("conns    none · stopped")
+}
+
 func TestTUIRemoved(t *testing.T) {
 	t.Parallel()
 	src := newFakeSource(true, threeProjects()...)
