@@ -26,3 +26,9 @@ func (s *Server) Sweep() {
 		p.maybeSleep()
 	}
 }
+
+// SetStopAfter changes how long a tiered project stays paused before it
+// is stopped.
+func (s *Server) SetStopAfter(name string, d time.Duration) error {
+	return s.setConfig(name, func(c *Project) { c.StopAfter = d })
+}
