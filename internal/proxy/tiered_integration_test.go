@@ -77,8 +77,20 @@ func TestIntegrationTieredSleep(t *testing.T) {
 		if err := h.srv.SetStopAfter(name, time.Second); err != nil {
 			t.Fatal(err)
 		}
-		asleep("pause")
 		st = asleep("stop")
+		// Paused first, then stopped (the pause may be over before the
+		// test looks: the events tell).
+		var steps []string
+		for _, ev := range st.Events {
+			for _, m := range []string{"asleep (pause)", "stopping it", "asleep (stop)"} {
+				if strings.Contains(ev.Msg, m) {
+					steps = append(steps, m)
+				}
+			}
+		}
+		if got := strings.Join(steps, ", "); !strings.HasSuffix(got, "asleep (pause), stopping it, asleep (stop)") {
+			t.Fatalf("steps %q; want a pause, then the stop", got)
+		}
 		if rs := runtimeState(); rs != backend.StateStopped {
 			t.Fatalf("the %s runtime reports %s after the stop; want stopped", k.name(), rs)
 		}
