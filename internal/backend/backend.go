@@ -37,10 +37,6 @@ func ParseSleepMode(s string) (SleepMode, error) {
 	return "", errors.New(`sleep mode must be "stop", "pause" or "tiered"`)
 }
 
-// Pauses reports whether a project sleeping in mode m pauses its server
-// (pause, or tiered's first step): only a backend that can pause serves it.
-func (m SleepMode) Pauses() bool { return m == SleepPause || m == SleepTiered }
-
 // Spec is everything a backend needs to create a project's server. It is
 // the project's desired state: a server that drifted from it is recreated
 // (keeping its data).
