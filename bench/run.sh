@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pgwake benchmark: throughput (pgbench -S) direct vs pgwake vs PgBouncer,
-# connect-per-transaction, cold-wake latency (stop and pause) and the
-# daemon's memory, all in one run. See bench/README.md.
+# connect-per-transaction, cold-wake latency (stop and pause), the
+# daemon's memory and tiered sleep's two wake paths, all in one run. See
+# bench/README.md.
 #
 # Usage: bench/run.sh          (as root or a user in the docker group)
 # Tunables (environment): BENCH_DURATION (s per pgbench run, default 8),
@@ -440,6 +441,21 @@ wait "$holder_pid" || die "conns exited with an error"
 holder_pid=""
 per_conn="$(awk -v a="$rss_conns" -v b="$rss_before" -v n="$NCONNS" 'BEGIN{printf "%.1f", (a-b)/n}')"
 
+# --- 5. tiered sleep: both wake paths ------------------------------------------------
+
+# A Go benchmark on its own harness (its own instance label, removed when
+# it ends): one tiered project, wakes from its pause and from its stop
+# interleaved, next to the same client warm. It prints its table.
+log "tiered: wakes from pause and from stop (go test -bench TieredWake)"
+tiered_out="$work/tiered.out"
+if (cd "$root" && PGWAKETEST_IMAGE="$IMAGE" PGWAKE_BENCH_WAKES="$GOWAKES" \
+	go test -run '^$' -bench TieredWake -benchtime 1x -v ./internal/proxy/) >"$tiered_out" 2>&1; then
+	tiered_table="$(sed -n '/| wake from/,/warm (awake/p' "$tiered_out" | sed 's/^[[:space:]]*//')"
+else
+	tail -n 20 "$tiered_out" >&2
+	tiered_table="(the tiered benchmark failed; see the log above)"
+fi
+
 # --- report ------------------------------------------------------------------------
 
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -529,6 +545,12 @@ report="$work/results.md"
 	echo "| $(fmt1 "$(awk -v k="$rss_start" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_conns" 'BEGIN{print k/1024}')") MiB | $per_conn KiB | idle < 30 MiB, < 40 KiB/conn | $(pass "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')" "<" 30) / $(pass "$per_conn" "<" 40) |"
 	echo
 	echo "Per connection = (RSS with $NCONNS connections - RSS idle just before) / $NCONNS. With them open pgwake held $fds file descriptors and $threads OS threads; opening them took ${open_secs}s."
+	echo
+	echo "## 5. Tiered sleep: wake from its pause and from its stop, ms (BenchmarkIntegrationTieredWake, $GOWAKES wakes each)"
+	echo
+	echo "One tiered project, the two paths interleaved on the same server and data; a pgconn client from connect to the first row of SELECT 1 through the proxy; \"pgwake's own wake\" is its start or unpause until Postgres answers."
+	echo
+	echo "$tiered_table"
 } >"$report"
 
 cat "$report"

@@ -174,6 +174,7 @@ func TestCreateRequest(t *testing.T) {
 	yes, no := true, false
 	file := writeConfig(t, "image: file/img:1\nsleep_after: 3m\nsleep_mode: pause\nephemeral: true\n")
 	declared := writeConfig(t, "image: file/img:1\nprojects:\n  - name: app\n    image: decl/img:2\n    sleep_after: 0s\n  - name: other\n    sleep_mode: pause\n")
+	tiered := writeConfig(t, "stop_after: 2h\nprojects:\n  - name: app\n    sleep_mode: tiered\n    stop_after: 45m\n")
 	tests := []struct {
 		name string
 		env  []string
@@ -193,6 +194,22 @@ func TestCreateRequest(t *testing.T) {
 			want: admin.CreateRequest{Image: "env/img:1", SleepAfter: "7m0s", SleepMode: "pause", Ephemeral: &yes},
 		},
 		{name: "sleep_after 0 is never", env: []string{"PGWAKE_SLEEP_AFTER=0"}, want: admin.CreateRequest{SleepAfter: "0s"}},
+		{
+			name: "tiered with PGWAKE_STOP_AFTER",
+			env:  []string{"PGWAKE_SLEEP_MODE=tiered", "PGWAKE_STOP_AFTER=1h"},
+			want: admin.CreateRequest{SleepMode: "tiered", StopAfter: "1h0m0s"},
+		},
+		{
+			name: "--stop-after over PGWAKE_STOP_AFTER",
+			env:  []string{"PGWAKE_STOP_AFTER=1h"},
+			args: []string{"--sleep-mode", "tiered", "--stop-after", "5m"},
+			want: admin.CreateRequest{SleepMode: "tiered", StopAfter: "5m"},
+		},
+		{
+			name: "the declared entry's stop_after over the top-level key",
+			env:  []string{"PGWAKE_CONFIG=" + tiered},
+			want: admin.CreateRequest{SleepMode: "tiered", StopAfter: "45m0s"},
+		},
 		{
 			name: "flags win over variables",
 			env:  []string{"PGWAKE_IMAGE=env/img:1", "PGWAKE_SLEEP_AFTER=7m", "PGWAKE_SLEEP_MODE=pause", "PGWAKE_EPHEMERAL=true"},
@@ -247,8 +264,8 @@ func describeRequest(r admin.CreateRequest) string {
 	if r.Ephemeral != nil {
 		eph = fmt.Sprint(*r.Ephemeral)
 	}
-	return fmt.Sprintf("{name %q image %q sleep_after %q sleep_mode %q ephemeral %s port %d}",
-		r.Name, r.Image, r.SleepAfter, r.SleepMode, eph, r.Port)
+	return fmt.Sprintf("{name %q image %q sleep_after %q sleep_mode %q stop_after %q ephemeral %s port %d}",
+		r.Name, r.Image, r.SleepAfter, r.SleepMode, r.StopAfter, eph, r.Port)
 }
 
 // TestCreateDaemonKeys: a backend this command's configuration sets, other

@@ -32,7 +32,7 @@ sets PGPASSWORD. The first connect starts the new server for the first time
 
 Settings the flags leave out come from this command's own configuration
 when it sets them: PGWAKE_IMAGE, PGWAKE_SLEEP_AFTER, PGWAKE_SLEEP_MODE,
-PGWAKE_EPHEMERAL, the same keys in ./pgwake.yaml (or --config), or the
+PGWAKE_STOP_AFTER, PGWAKE_EPHEMERAL, the same keys in ./pgwake.yaml (or --config), or the
 project's entry there; otherwise from the running pgwake's. Settings of the
 proxy itself (listen, backend, ...) belong to pgwake up.`,
 		Args: exactArgs(1, "a project name"),
@@ -47,7 +47,8 @@ proxy itself (listen, backend, ...) belong to pgwake up.`,
 	f := cmd.Flags()
 	f.StringVar(&o.req.Image, "image", "", "Postgres image (default: the image config key)")
 	f.StringVar(&o.req.SleepAfter, "sleep-after", "", "idle time before it sleeps, like 10m; 0 never sleeps (default: sleep_after)")
-	f.StringVar(&o.req.SleepMode, "sleep-mode", "", "stop (frees memory) or pause (wakes in milliseconds) (default: sleep_mode)")
+	f.StringVar(&o.req.SleepMode, "sleep-mode", "", "stop (frees memory), pause (wakes in milliseconds), or tiered (pause, then stop after --stop-after) (default: sleep_mode)")
+	f.StringVar(&o.req.StopAfter, "stop-after", "", "sleep mode tiered: time paused before it is stopped, like 30m (default: stop_after)")
 	f.IntVar(&o.req.Port, "port", 0, "the project's own port, where every database of its server is reachable (default: the first free one in port_range)")
 	f.BoolVar(&o.req.NoPort, "no-port", false, "no port of its own: reach it on the shared port as USER.PROJECT or by database name")
 	f.BoolVar(&o.req.PortOutsideRange, "port-outside-range", false, "allow a --port below 1024 or outside port_range")
@@ -77,8 +78,12 @@ func runCreate(ctx context.Context, d *deps, o createOptions) error {
 	if p.Ephemeral {
 		kind = "ephemeral project"
 	}
+	mode := p.SleepMode
+	if p.StopAfterMS > 0 {
+		mode += ": paused, then stopped after " + fmtMS(p.StopAfterMS)
+	}
 	fmt.Fprintf(d.stderr, "created %s %s (image %s, sleeps after %s idle, mode %s)\n",
-		kind, p.Name, p.Image, fmtMS(p.SleepAfterMS), p.SleepMode)
+		kind, p.Name, p.Image, fmtMS(p.SleepAfterMS), mode)
 	if p.Parent != "" {
 		fmt.Fprintf(d.stderr, "its data is a copy of %s's, taken %s\n", p.Parent, p.BranchedAt.Local().Format(time.DateTime))
 	} else if p.Backend == "local" {
@@ -118,6 +123,9 @@ func fillCreateRequest(req *admin.CreateRequest, cfg config.Config) {
 		if req.SleepAfter == "" && pc.SleepAfter != nil {
 			req.SleepAfter = pc.SleepAfter.String()
 		}
+		if req.StopAfter == "" && pc.StopAfter != nil {
+			req.StopAfter = pc.StopAfter.String()
+		}
 		if req.Ephemeral == nil && pc.Ephemeral {
 			req.Ephemeral = &pc.Ephemeral
 		}
@@ -131,6 +139,9 @@ func fillCreateRequest(req *admin.CreateRequest, cfg config.Config) {
 	}
 	if req.SleepAfter == "" && set("sleep_after") {
 		req.SleepAfter = cfg.SleepAfter.String()
+	}
+	if req.StopAfter == "" && set("stop_after") {
+		req.StopAfter = cfg.StopAfter.String()
 	}
 	if req.Ephemeral == nil && set("ephemeral") {
 		req.Ephemeral = &cfg.Ephemeral

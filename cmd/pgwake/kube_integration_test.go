@@ -122,8 +122,10 @@ func TestIntegrationKubernetesTwoPgwakes(t *testing.T) {
 	}
 
 	// What the kubernetes backend cannot do is refused in one line.
-	if r := a.fail(t, "create", "frozen", "--sleep-mode", "pause"); !strings.Contains(r.stderr, "cannot pause") {
-		t.Errorf("create --sleep-mode pause: %q", r.stderr)
+	for _, mode := range []string{"pause", "tiered"} {
+		if r := a.fail(t, "create", "frozen", "--sleep-mode", mode); !strings.Contains(r.stderr, "cannot pause") {
+			t.Errorf("create --sleep-mode %s: %q", mode, r.stderr)
+		}
 	}
 
 	b.ok(t, "rm", "app")

@@ -54,6 +54,13 @@ func TestIntegrationLocalBackendLifecycle(t *testing.T) {
 
 	h.ok(t, "create", "keep")
 	h.ok(t, "create", "temp", "--ephemeral")
+	// Local servers cannot be frozen: tiered, which pauses first, is
+	// refused in one line, as pause is.
+	for _, mode := range []string{"pause", "tiered"} {
+		if r := h.fail(t, "create", "frozen", "--sleep-mode", mode); !strings.Contains(r.stderr, "cannot pause") {
+			t.Errorf("create --sleep-mode %s: %q", mode, r.stderr)
+		}
+	}
 	h.writeNote(t, "keep", "before sleep")
 	h.writeNote(t, "temp", "scratch")
 

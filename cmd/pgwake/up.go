@@ -210,7 +210,7 @@ func upAgain(ctx context.Context, d *deps, info admin.Info, o upOptions) error {
 // perProject are the keys that are only defaults for new projects: creates
 // from this command send them with each request (see fillCreateRequest),
 // so the daemon's own values need not match.
-var perProject = map[string]bool{"image": true, "sleep_after": true, "sleep_mode": true, "ephemeral": true}
+var perProject = map[string]bool{"image": true, "sleep_after": true, "sleep_mode": true, "stop_after": true, "ephemeral": true}
 
 // configDiff lists the keys whose value in cfg differs from the running
 // daemon's, each with both values and where cfg's came from; notes are

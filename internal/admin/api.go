@@ -45,14 +45,17 @@ type BackendInfo struct {
 
 // Project is one project as the API shows it. Durations are milliseconds.
 type Project struct {
-	Name         string  `json:"name"`
-	State        string  `json:"state"`
-	Active       int     `json:"active"` // open connections, queued ones included
-	Queued       int     `json:"queued"` // parked, waiting for a wake
-	Pinned       bool    `json:"pinned"`
-	Image        string  `json:"image"`
-	SleepAfterMS int64   `json:"sleep_after_ms"`
-	SleepMode    string  `json:"sleep_mode"`
+	Name         string `json:"name"`
+	State        string `json:"state"`
+	Active       int    `json:"active"` // open connections, queued ones included
+	Queued       int    `json:"queued"` // parked, waiting for a wake
+	Pinned       bool   `json:"pinned"`
+	Image        string `json:"image"`
+	SleepAfterMS int64  `json:"sleep_after_ms"`
+	SleepMode    string `json:"sleep_mode"`
+	// StopAfterMS is, for sleep mode tiered, how long the server stays
+	// paused before it is stopped.
+	StopAfterMS  int64   `json:"stop_after_ms,omitempty"`
 	Wakes        int     `json:"wakes"`
 	WakeFailures int     `json:"wake_failures"`
 	LastWakeMS   float64 `json:"last_wake_ms"`
@@ -73,6 +76,13 @@ type Project struct {
 	IdleMS       int64     `json:"idle_ms"`
 	LastActiveAt time.Time `json:"last_active_at"` // last connect, disconnect or wake
 	SleepsInMS   int64     `json:"sleeps_in_ms"`
+	// Asleep is what a sleeping project's server is in: "pause" or "stop"
+	// (empty while awake, or when pgwake cannot tell). NextSleepMS is the
+	// time until its next idle step: the sleep while it runs idle (as
+	// SleepsInMS), the stop while a tiered project is paused; zero when
+	// none is counting down.
+	Asleep      string `json:"asleep,omitempty"`
+	NextSleepMS int64  `json:"next_sleep_ms"`
 	// URL is the project's own port when it has one open (every database
 	// reachable, the name passed through), else the shared port with the
 	// user name USER.PROJECT. SharedURL is always the shared port's.
@@ -119,9 +129,12 @@ type CreateRequest struct {
 	Image      string `json:"image,omitempty"`
 	SleepAfter string `json:"sleep_after,omitempty"` // a Go duration, "0" never sleeps
 	SleepMode  string `json:"sleep_mode,omitempty"`
-	Ephemeral  *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
-	Port       int    `json:"port,omitempty"`      // its own listen port; 0 picks one from port_range
-	NoPort     bool   `json:"no_port,omitempty"`   // no port of its own: the shared port only
+	// StopAfter is, for sleep mode tiered, how long the server stays
+	// paused before it is stopped: a positive Go duration.
+	StopAfter string `json:"stop_after,omitempty"`
+	Ephemeral *bool  `json:"ephemeral,omitempty"` // nil: the daemon's default
+	Port      int    `json:"port,omitempty"`      // its own listen port; 0 picks one from port_range
+	NoPort    bool   `json:"no_port,omitempty"`   // no port of its own: the shared port only
 	// PortOutsideRange allows a Port below 1024 or outside the daemon's
 	// port_range.
 	PortOutsideRange bool `json:"port_outside_range,omitempty"`

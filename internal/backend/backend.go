@@ -21,15 +21,20 @@ const (
 	// SleepPause freezes the server (cgroup freezer). Memory stays
 	// allocated; waking is nearly instant.
 	SleepPause SleepMode = "pause"
+	// SleepTiered pauses first (a wake takes milliseconds) and stops the
+	// paused server later (freeing its memory). It is the proxy's, not a
+	// backend's: Backend.Sleep is only ever called with SleepStop or
+	// SleepPause, and a backend that cannot pause cannot sleep tiered.
+	SleepTiered SleepMode = "tiered"
 )
 
 // ParseSleepMode validates a sleep mode name.
 func ParseSleepMode(s string) (SleepMode, error) {
 	switch SleepMode(s) {
-	case SleepStop, SleepPause:
+	case SleepStop, SleepPause, SleepTiered:
 		return SleepMode(s), nil
 	}
-	return "", errors.New(`sleep mode must be "stop" or "pause"`)
+	return "", errors.New(`sleep mode must be "stop", "pause" or "tiered"`)
 }
 
 // Spec is everything a backend needs to create a project's server. It is
@@ -110,7 +115,9 @@ type Backend interface {
 	// dial. It returns once the runtime reports the server running; the
 	// proxy then waits until Postgres itself serves.
 	Start(ctx context.Context, spec Spec) (Endpoint, error)
-	// Sleep stops or pauses the server. Stop uses Postgres fast shutdown.
+	// Sleep stops or pauses the server (mode SleepStop or SleepPause;
+	// the proxy translates SleepTiered into those). Stop uses Postgres
+	// fast shutdown, also for a paused server.
 	Sleep(ctx context.Context, spec Spec, mode SleepMode) error
 	// Status reports the server's current state.
 	Status(ctx context.Context, spec Spec) (Status, error)

@@ -54,7 +54,8 @@ type Config struct {
 	PGBin                 string        `yaml:"pg_bin" usage:"local backend: directory with postgres, initdb and pg_ctl (default: found on PATH, pg_config, /usr/lib/postgresql/N/bin)"`
 	Image                 string        `yaml:"image" usage:"default Postgres image for new projects"`
 	SleepAfter            time.Duration `yaml:"sleep_after" usage:"default idle time before a project sleeps (0 = never)"`
-	SleepMode             string        `yaml:"sleep_mode" usage:"default sleep mode for new projects: stop or pause"`
+	SleepMode             string        `yaml:"sleep_mode" usage:"default sleep mode for new projects: stop, pause, or tiered (pause after sleep_after, stop after stop_after more)"`
+	StopAfter             time.Duration `yaml:"stop_after" usage:"sleep mode tiered: default time a project stays paused before it is stopped"`
 	GracePeriod           time.Duration `yaml:"grace_period" usage:"minimum time a project stays awake after a wake"`
 	WakeTimeout           time.Duration `yaml:"wake_timeout" usage:"how long a client waits for a project to wake"`
 	FirstStartTimeout     time.Duration `yaml:"first_start_timeout" usage:"how long a new project's first start (initdb) may take; at least wake_timeout"`
@@ -134,6 +135,7 @@ type ProjectConfig struct {
 	Image      string         `yaml:"image"`
 	SleepAfter *time.Duration `yaml:"sleep_after"` // nil: the default; 0: never
 	SleepMode  string         `yaml:"sleep_mode"`
+	StopAfter  *time.Duration `yaml:"stop_after"` // nil: the default
 	Ephemeral  bool           `yaml:"ephemeral"`
 }
 
@@ -148,6 +150,7 @@ func Default() Config {
 		Image:                 "postgres:17",
 		SleepAfter:            10 * time.Minute,
 		SleepMode:             string(backend.SleepStop),
+		StopAfter:             30 * time.Minute,
 		GracePeriod:           30 * time.Second,
 		WakeTimeout:           60 * time.Second,
 		FirstStartTimeout:     5 * time.Minute,
@@ -551,6 +554,12 @@ func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
 					return nil, fmt.Errorf("line %d: projects: sleep_after %q is not a duration (like 90s or 10m)", k.Line, v.Value)
 				}
 				pc.SleepAfter = &d
+			case "stop_after":
+				d, err := time.ParseDuration(v.Value)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: projects: stop_after %q is not a duration (like 30m or 2h)", k.Line, v.Value)
+				}
+				pc.StopAfter = &d
 			case "ephemeral":
 				b, err := strconv.ParseBool(v.Value)
 				if err != nil {
@@ -635,6 +644,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, field(fmt.Errorf("%s must not be negative", d.name), d.name))
 		}
 	}
+	if c.StopAfter <= 0 {
+		errs = append(errs, field(fmt.Errorf("stop_after must be positive (it is %s)", c.StopAfter), "stop_after"))
+	}
 	if c.WakeTimeout == 0 || c.StartupTimeout == 0 {
 		errs = append(errs, field(errors.New("wake_timeout and startup_timeout must be positive"), "wake_timeout", "startup_timeout"))
 	}
@@ -668,6 +680,9 @@ func (c *Config) Validate() error {
 		}
 		if p.SleepAfter != nil && *p.SleepAfter < 0 {
 			errs = append(errs, field(fmt.Errorf("projects[%d] (%s): sleep_after must not be negative", i, p.Name), "projects"))
+		}
+		if p.StopAfter != nil && *p.StopAfter <= 0 {
+			errs = append(errs, field(fmt.Errorf("projects[%d] (%s): stop_after must be positive", i, p.Name), "projects"))
 		}
 	}
 	if _, err := c.SlogLevel(); err != nil {

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -170,7 +171,8 @@ func TestLoadPrecedence(t *testing.T) {
 		{"listen", "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"},
 		{"image", "file/postgres:1", "env/postgres:2", "flag/postgres:3"},
 		{"sleep_after", "5m0s", "6m0s", "7m0s"},
-		{"sleep_mode", "pause", "stop", "pause"},
+		{"sleep_mode", "pause", "stop", "tiered"},
+		{"stop_after", "45m0s", "1h0m0s", "2h0m0s"},
 		{"max_connections", "50", "60", "70"},
 		{"log_level", "warn", "error", "debug"},
 		{"grace_period", "1m0s", "2m0s", "3m0s"},
@@ -344,7 +346,7 @@ func TestLoadErrors(t *testing.T) {
 		{
 			name:    "bad sleep_mode",
 			args:    []string{"--sleep-mode=hibernate"},
-			wantErr: []string{"sleep_mode", `"stop" or "pause"`},
+			wantErr: []string{"sleep_mode", `"stop", "pause" or "tiered"`},
 		},
 		{
 			name:    "negative sleep_after",
@@ -434,6 +436,17 @@ func TestValidate(t *testing.T) {
 		{name: "never sleep", mod: func(c *config.Config) { c.SleepAfter = 0 }},
 		{name: "no grace", mod: func(c *config.Config) { c.GracePeriod = 0 }},
 		{name: "pause", mod: func(c *config.Config) { c.SleepMode = "pause" }},
+		{name: "tiered", mod: func(c *config.Config) { c.SleepMode = "tiered"; c.StopAfter = time.Hour }},
+		{name: "zero stop_after", mod: func(c *config.Config) { c.StopAfter = 0 }, wantErr: "stop_after must be positive"},
+		{name: "negative stop_after", mod: func(c *config.Config) { c.StopAfter = -time.Minute }, wantErr: "stop_after must be positive"},
+		{name: "project stop_after", mod: func(c *config.Config) {
+			d := time.Hour
+			c.Projects = []config.ProjectConfig{{Name: "app", SleepMode: "tiered", StopAfter: &d}}
+		}},
+		{name: "zero project stop_after", mod: func(c *config.Config) {
+			var d time.Duration
+			c.Projects = []config.ProjectConfig{{Name: "app", StopAfter: &d}}
+		}, wantErr: "projects[0] (app): stop_after must be positive"},
 		{name: "json logs", mod: func(c *config.Config) { c.LogFormat = "json"; c.LogLevel = "debug" }},
 		{name: "listen without port", mod: func(c *config.Config) { c.Listen = "127.0.0.1" }, wantErr: "listen"},
 		{name: "ipv6 without brackets", mod: func(c *config.Config) { c.Listen = "::1:6432" }, wantErr: "listen"},
@@ -747,5 +760,48 @@ func TestErrorsNameTheirSource(t *testing.T) {
 	}
 	if cfg.Source("image") != "PGWAKE_IMAGE" || cfg.Source("listen") != "" {
 		t.Errorf("sources image %q listen %q", cfg.Source("image"), cfg.Source("listen"))
+	}
+}
+
+func TestProjectStopAfter(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(good, []byte("projects:\n  - name: app\n    sleep_mode: tiered\n    stop_after: 2h\n  - name: other\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("projects:\n  - name: app\n    stop_after: later\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(config.Sources{File: good})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Projects[0]; p.SleepMode != "tiered" || p.StopAfter == nil || *p.StopAfter != 2*time.Hour {
+		t.Fatalf("projects[0] = %+v; want tiered, stop_after 2h", p)
+	}
+	if p := cfg.Projects[1]; p.StopAfter != nil {
+		t.Fatalf("projects[1] stop_after = %v; want unset (the default applies)", *p.StopAfter)
+	}
+	if _, err := config.Load(config.Sources{File: bad}); err == nil || !strings.Contains(err.Error(), `stop_after "later" is not a duration`) {
+		t.Fatalf("Load of a bad stop_after: %v", err)
+	}
+}
+
+// TestREADMEDocumentsEveryKey: every key has its row in the README's
+// configuration table, with its flag and variable.
+func TestREADMEDocumentsEveryKey(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	for _, k := range config.Keys() {
+		row := fmt.Sprintf("| `%s` | `--%s` | `%s` |", k.Name, k.Flag, k.Env)
+		if !strings.Contains(readme, row) {
+			t.Errorf("README.md's configuration table has no row starting %q", row)
+		}
 	}
 }

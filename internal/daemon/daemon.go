@@ -512,8 +512,21 @@ func spec(p state.Project) backend.Spec {
 func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	return proxy.Project{
 		Spec: spec(p), Backend: d.backendOf(p), SleepAfter: p.SleepAfter,
-		SleepMode: backend.SleepMode(p.SleepMode), Pinned: p.Pinned,
+		SleepMode: backend.SleepMode(p.SleepMode), StopAfter: d.stopAfter(p), Pinned: p.Pinned,
 	}
+}
+
+// stopAfter is how long tiered project p stays paused before it is
+// stopped: its own stop_after, or the configured default for a project
+// stored without one. Zero for the other sleep modes.
+func (d *Daemon) stopAfter(p state.Project) time.Duration {
+	switch {
+	case backend.SleepMode(p.SleepMode) != backend.SleepTiered:
+		return 0
+	case p.StopAfter > 0:
+		return p.StopAfter
+	}
+	return d.cfg.StopAfter
 }
 
 // handler is the admin API plus /metrics.
@@ -564,7 +577,7 @@ func (d *Daemon) Info() admin.Info {
 func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out := admin.Project{
 		Name: p.Name, Image: p.Image, SleepAfterMS: p.SleepAfter.Milliseconds(), SleepMode: p.SleepMode,
-		Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
+		StopAfterMS: d.stopAfter(p).Milliseconds(), Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
 		CreatedAt: p.CreatedAt, State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
 		Adopted: p.Adopted, Parent: p.Parent, BranchedAt: p.BranchedAt,
 	}
@@ -580,6 +593,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.FirstStartMS = ms(st.FirstStart)
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
+	out.Asleep, out.NextSleepMS = st.Asleep, st.NextSleep.Milliseconds()
 	out.Queued, out.LastActiveAt, out.PeersBusy = st.Queued, st.LastActive, st.PeersBusy
 	for _, l := range st.Recent {
 		out.RecentWakesMS = append(out.RecentWakesMS, ms(l))
@@ -682,8 +696,23 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if _, err := backend.ParseSleepMode(p.SleepMode); err != nil {
 		return admin.Project{}, admin.Invalid(err)
 	}
-	if backend.SleepMode(p.SleepMode) == backend.SleepPause && !backend.CanPause(be) {
+	switch mode := backend.SleepMode(p.SleepMode); {
+	case mode == backend.SleepPause && !backend.CanPause(be):
 		return admin.Project{}, admin.Invalid(fmt.Errorf("the %s backend cannot pause servers; use --sleep-mode stop", be.Name()))
+	case mode == backend.SleepTiered && !backend.CanPause(be):
+		return admin.Project{}, admin.Invalid(fmt.Errorf("the %s backend cannot pause servers, and sleep mode tiered pauses before it stops; use --sleep-mode stop", be.Name()))
+	}
+	if req.StopAfter != "" {
+		dur, err := time.ParseDuration(req.StopAfter)
+		if err != nil || dur <= 0 {
+			return admin.Project{}, admin.Invalid(fmt.Errorf("stop_after: %q is not a positive duration like 30m", req.StopAfter))
+		}
+		p.StopAfter = dur
+	}
+	if backend.SleepMode(p.SleepMode) != backend.SleepTiered {
+		p.StopAfter = 0 // only tiered stops a paused server
+	} else if p.StopAfter == 0 {
+		p.StopAfter = d.cfg.StopAfter
 	}
 	if req.SleepAfter != "" {
 		dur, err := time.ParseDuration(req.SleepAfter)
@@ -788,7 +817,7 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		d.addProjectPort(p.Name, ln)
 	}
 	d.log.Info("project created", "project", p.Name, "backend", p.Backend, "image", p.Image,
-		"sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode, "reused_data", reused)
+		"sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode, "stop_after", p.StopAfter, "reused_data", reused)
 	return d.apiProject(p), nil
 }
 
@@ -950,6 +979,9 @@ func DeclaredRequest(pc config.ProjectConfig) admin.CreateRequest {
 	req := admin.CreateRequest{Name: pc.Name, Image: pc.Image, SleepMode: pc.SleepMode}
 	if pc.SleepAfter != nil {
 		req.SleepAfter = pc.SleepAfter.String()
+	}
+	if pc.StopAfter != nil {
+		req.StopAfter = pc.StopAfter.String()
 	}
 	if pc.Ephemeral {
 		req.Ephemeral = &pc.Ephemeral

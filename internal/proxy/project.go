@@ -35,7 +35,10 @@ type Project struct {
 	Backend    backend.Backend // where its server runs
 	SleepAfter time.Duration   // zero: never sleep on idle
 	SleepMode  backend.SleepMode
-	Pinned     bool
+	// StopAfter is, for SleepTiered, how long the server stays paused
+	// before it is stopped; zero never stops it (it stays paused).
+	StopAfter time.Duration
+	Pinned    bool
 }
 
 // env is what a project needs from outside, and all it may call: a clock,
@@ -122,6 +125,18 @@ type project struct {
 	events     []Event         // recent state changes, oldest first
 	removed    bool
 	closed     bool // shut down with pgwake: no wake starts any more
+	// asleep is what the server is in while the project is Sleeping, as
+	// far as pgwake knows: SleepPause or SleepStop, "" when it cannot
+	// tell (after a failed wake, a server gone, a runtime that did not
+	// answer). asleepAt is since when. asleepGen counts pgwake's own
+	// changes of it, so observe does not apply a status read before one.
+	asleep    backend.SleepMode
+	asleepAt  time.Time
+	asleepGen int
+	// deepenFails counts the consecutive failed stops of a paused tiered
+	// project; the sweep tries again from deepenAt.
+	deepenFails int
+	deepenAt    time.Time
 	// askingPeers is set while a sweep asks the peers (one at a time);
 	// peersAgain is when a sweep may ask again after they said busy, and
 	// peersBusy what they said, for the status.
@@ -226,9 +241,14 @@ func (p *project) adopt(ctx context.Context) {
 	p.mu.Lock()
 	if err != nil {
 		p.lastErr, p.lastErrAt = err.Error(), p.env.now()
+		p.setAsleepLocked("")
 		p.recordLocked("cannot reach its server: %v", err)
 	} else if st.State == backend.StateRunning {
 		p.state, p.target, p.wokeAt = StateRunning, target{addr: st.Addr, id: st.ID}, p.env.now()
+	} else {
+		// Paused since now, as far as the idle steps count: pgwake cannot
+		// know since when.
+		p.setAsleepLocked(asleepFrom(st.State))
 	}
 	state := p.state
 	p.mu.Unlock()
@@ -237,6 +257,35 @@ func (p *project) adopt(ctx context.Context) {
 		return
 	}
 	p.log.Info("project registered", "state", state, "backend", p.be.Name(), "backend_state", st.State)
+}
+
+// asleepFrom is the sleep a server the runtime reports in state st is
+// in: paused, or stopped (a missing server is as good as stopped).
+func asleepFrom(st backend.State) backend.SleepMode {
+	switch st {
+	case backend.StatePaused:
+		return backend.SleepPause
+	case backend.StateStopped, backend.StateMissing:
+		return backend.SleepStop
+	}
+	return ""
+}
+
+// setAsleepLocked records what the server of a Sleeping project is in,
+// from now. p.mu must be held.
+func (p *project) setAsleepLocked(m backend.SleepMode) {
+	p.asleep, p.asleepAt = m, p.env.now()
+	p.asleepGen++
+}
+
+// firstSleep is the mode of the project's first sleep on idle (or on
+// request): tiered pauses first and stops later (see deepenDueLocked).
+// p.mu must be held.
+func (p *project) firstSleep() backend.SleepMode {
+	if p.cfg.SleepMode == backend.SleepTiered {
+		return backend.SleepPause
+	}
+	return p.cfg.SleepMode
 }
 
 // acquire takes a connection slot on the project (and counts it as active,
@@ -337,7 +386,8 @@ func (p *project) beginWakeLocked(event string) {
 
 // inFlight returns the channel closed when the wake or sleep in progress
 // ends, or nil when none is (the two never overlap: a wake starts from
-// Sleeping, a sleep from Running). p.mu must be held.
+// Sleeping, a sleep from Running or, to stop a paused tiered project,
+// from Sleeping with no wake in flight). p.mu must be held.
 func (p *project) inFlight() chan struct{} {
 	if p.wake != nil {
 		return p.wake.done
@@ -375,7 +425,10 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	ctx, cancel := context.WithTimeout(e.wakeBase, budget)
 	defer cancel()
 
-	p.log.Info("waking project")
+	p.mu.Lock()
+	from := p.asleep
+	p.mu.Unlock()
+	p.log.Info("waking project", "from", from)
 	st, err := p.startAndWait(ctx, spec)
 	t := st.target
 	took := e.now().Sub(start)
@@ -387,6 +440,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 		p.wakeFails++
 		p.retryAt = e.now().Add(e.backoff(p.failures))
 		p.lastErr, p.lastErrAt = err.Error(), e.now()
+		p.setAsleepLocked("") // whatever the failed start left
 		p.recordLocked("wake failed after %s: %v", took.Round(time.Millisecond), err)
 		c.err = &WakeError{Project: p.name, Err: err}
 	} else {
@@ -396,13 +450,19 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 		p.retryAt = time.Time{}
 		p.wokeAt = e.now()
 		p.lastActive = p.wokeAt
+		p.setAsleepLocked("")
+		p.deepenFails, p.deepenAt = 0, time.Time{}
 		p.wakes++
 		if st.first {
 			// initdb, not a wake: it would skew every latency figure.
 			p.firstStart = took
 			p.recordLocked("first start (initdb) in %s", took.Round(time.Millisecond))
 		} else {
-			p.recordLocked("awake in %s", took.Round(time.Millisecond))
+			if from != "" {
+				p.recordLocked("awake in %s (from %s)", took.Round(time.Millisecond), from)
+			} else {
+				p.recordLocked("awake in %s", took.Round(time.Millisecond))
+			}
 			p.latencies = append(p.latencies, took)
 			if len(p.latencies) > maxLatencies {
 				p.latencies = p.latencies[1:]
@@ -419,7 +479,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 	if err != nil {
 		p.log.Error("wake failed", "after", took.Round(time.Millisecond), "err", err)
 	} else {
-		p.log.Info("project awake", "took", took.Round(time.Millisecond), "addr", t.addr)
+		p.log.Info("project awake", "took", took.Round(time.Millisecond), "addr", t.addr, "from", from)
 	}
 	p.notify()
 }
@@ -663,6 +723,7 @@ func (p *project) markDown(t target, why error) {
 		return
 	}
 	p.state, p.target = StateSleeping, target{}
+	p.setAsleepLocked("")
 	p.lastErr, p.lastErrAt = why.Error(), p.env.now()
 	p.recordLocked("server gone: %v", why)
 	p.mu.Unlock()
@@ -675,14 +736,20 @@ func (p *project) markDown(t target, why error) {
 // Stopping; clients arriving after that wait for the stop and wake it again.
 // A project other pgwake processes serve too sleeps only when none of them
 // uses it either, and is checked again right after (see asleepChecked).
+// A tiered project that has been paused for stop_after is stopped (see
+// deepenLocked).
 func (p *project) maybeSleep() {
 	p.mu.Lock()
+	if p.deepenDueLocked() {
+		p.deepenLocked()
+		return
+	}
 	if !p.sleepDueLocked(time.Time{}) {
 		p.mu.Unlock()
 		return
 	}
 	if p.shared == nil {
-		p.sleepLocked(p.cfg.SleepMode)
+		p.sleepLocked(p.firstSleep())
 		return
 	}
 	if p.askingPeers || p.env.now().Before(p.peersAgain) {
@@ -715,7 +782,7 @@ func (p *project) maybeSleep() {
 		p.mu.Unlock()
 		return
 	}
-	if p.sleepLocked(p.cfg.SleepMode) == nil {
+	if p.sleepLocked(p.firstSleep()) == nil {
 		p.asleepChecked()
 	}
 }
@@ -736,6 +803,66 @@ func (p *project) sleepDueLocked(peerActive time.Time) bool {
 	idle := p.state == StateRunning && p.active == 0 && !p.removed
 	return idle && !p.cfg.Pinned && p.cfg.SleepAfter > 0 &&
 		now.Sub(last) >= p.cfg.SleepAfter && now.Sub(p.wokeAt) >= p.env.grace
+}
+
+// deepenDueLocked reports whether a tiered project's paused server is due
+// to be stopped: Sleeping (nothing in flight), paused (or in a state
+// pgwake cannot tell, which a stop settles) for stop_after, with no
+// client, not pinned, removed or shut down, and not backing off after a
+// failed stop. p.mu must be held.
+func (p *project) deepenDueLocked() bool {
+	now := p.env.now()
+	return p.cfg.SleepMode == backend.SleepTiered && p.cfg.StopAfter > 0 && !p.cfg.Pinned &&
+		p.state == StateSleeping && p.asleep != backend.SleepStop && p.wake == nil &&
+		p.active == 0 && !p.removed && !p.closed &&
+		now.Sub(p.asleepAt) >= p.cfg.StopAfter && !now.Before(p.deepenAt)
+}
+
+// deepenLocked stops a tiered project's paused server: tiered sleep's
+// second step, which frees the memory a paused server holds. The project
+// is Stopping meanwhile, so clients arriving wait for the stop and wake it
+// again. A failed stop leaves it Sleeping (still paused, as far as pgwake
+// knows; a wake unpauses or starts it, whatever the stop left) and is
+// tried again after a backoff. p.mu must be held; it is released.
+func (p *project) deepenLocked() {
+	e := p.env
+	spec := p.cfg.Spec
+	done := make(chan struct{})
+	p.state = StateStopping
+	p.stopDone = done
+	p.recordLocked("paused for %s; stopping it", e.now().Sub(p.asleepAt).Round(time.Second))
+	p.mu.Unlock()
+	p.notify()
+
+	p.log.Info("stopping paused project", "stop_after", p.cfg.StopAfter)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.base), e.stopTimeout)
+	err := p.be.Sleep(ctx, spec, backend.SleepStop)
+	cancel()
+
+	p.mu.Lock()
+	p.state = StateSleeping
+	var retry time.Duration
+	if err != nil {
+		p.deepenFails++
+		retry = e.backoff(p.deepenFails)
+		p.deepenAt = e.now().Add(retry)
+		p.lastErr, p.lastErrAt = err.Error(), e.now()
+		p.recordLocked("stop of the paused server failed (next attempt in %s): %v", retry, err)
+	} else {
+		p.deepenFails, p.deepenAt = 0, time.Time{}
+		p.setAsleepLocked(backend.SleepStop)
+		p.recordLocked("asleep (stop)")
+	}
+	p.stopDone = nil
+	waiting := p.active
+	p.mu.Unlock()
+	close(done)
+	if err != nil {
+		p.log.Error("stop of the paused server failed; it stays asleep", "retry_in", retry, "err", err)
+	} else {
+		p.log.Info("project stopped after its pause", "waiting_clients", waiting)
+	}
+	p.notify()
 }
 
 // askPeers asks the other pgwake processes serving the project's server
@@ -804,6 +931,8 @@ func (p *project) sleepLocked(mode backend.SleepMode) error {
 	} else {
 		p.state = StateSleeping
 		p.target = target{}
+		p.setAsleepLocked(mode)
+		p.deepenFails, p.deepenAt = 0, time.Time{}
 		p.recordLocked("asleep (%s)", mode)
 	}
 	p.stopDone = nil
@@ -845,15 +974,15 @@ func (p *project) sleepNow(ctx context.Context) error {
 				p.mu.Unlock()
 				continue // changed while the peers were asked
 			}
-			err := p.sleepLocked(p.cfg.SleepMode)
+			err := p.sleepLocked(p.firstSleep())
 			if err == nil {
 				p.asleepChecked()
 			}
 			return err
 		case p.state == StateRunning:
 			// A failed sleep leaves it running (the sweep tries again);
-			// the caller is told.
-			return p.sleepLocked(p.cfg.SleepMode)
+			// the caller is told. A tiered project pauses, as on idle.
+			return p.sleepLocked(p.firstSleep())
 		}
 		ch := p.inFlight()
 		p.mu.Unlock()
@@ -871,7 +1000,7 @@ func (p *project) sleepNow(ctx context.Context) error {
 // A wake in progress is only nudged: its readiness loop checks at once.
 func (p *project) observe(st backend.State) {
 	p.mu.Lock()
-	spec, cur, t0, w0 := p.cfg.Spec, p.state, p.target, p.wakes
+	spec, cur, t0, w0, g0 := p.cfg.Spec, p.state, p.target, p.wakes, p.asleepGen
 	p.mu.Unlock()
 	if cur == StateWaking {
 		select {
@@ -897,6 +1026,7 @@ func (p *project) observe(st backend.State) {
 		// and a wake meanwhile (a pause and unpause keep the run's ID, so
 		// the wake count tells) the status may be of the sleep.
 		p.state, p.target = StateSleeping, target{}
+		p.setAsleepLocked(asleepFrom(status.State))
 		if status.Exit != "" {
 			p.lastErr, p.lastErrAt = "server "+string(status.State)+" outside pgwake ("+status.Exit+")", p.env.now()
 		}
@@ -908,6 +1038,16 @@ func (p *project) observe(st backend.State) {
 		p.lastActive, p.wokeAt = p.env.now(), p.env.now()
 		p.recordLocked("server started outside pgwake; adopted")
 		p.log.Info("server started outside pgwake; adopted")
+	case p.state == StateSleeping && p.wake == nil && p.asleepGen == g0 &&
+		asleepFrom(status.State) != "" && asleepFrom(status.State) != p.asleep:
+		// Paused, stopped or removed by hand while asleep: a paused server
+		// stopped outside pgwake needs no stop any more, and a wake from it
+		// is a start. Only when pgwake changed nothing meanwhile (a status
+		// read before its own stop would undo it).
+		m := asleepFrom(status.State)
+		p.setAsleepLocked(m)
+		p.recordLocked("server %s outside pgwake", status.State)
+		p.log.Info("server changed outside pgwake while asleep", "state", status.State)
 	default:
 		p.mu.Unlock()
 		return
@@ -1001,30 +1141,39 @@ func (p *project) peersStillBusy() string {
 
 // Status is a snapshot of one project, for the admin API and the TUI.
 type Status struct {
-	Name        string          `json:"name"`
-	State       State           `json:"state"`
-	Active      int             `json:"active"` // includes Queued
-	Queued      int             `json:"queued"`
-	Pinned      bool            `json:"pinned"`
-	SleepAfter  time.Duration   `json:"sleep_after"`
-	SleepMode   string          `json:"sleep_mode"`
-	Image       string          `json:"image"`
-	Backend     string          `json:"backend"`
-	Wakes       int             `json:"wakes"`
-	WakeFails   int             `json:"wake_failures"`
-	LastWake    time.Duration   `json:"last_wake"`
-	P50Wake     time.Duration   `json:"p50_wake"`
-	P95Wake     time.Duration   `json:"p95_wake"`
-	MaxWake     time.Duration   `json:"max_wake"`
-	LastError   string          `json:"last_error,omitempty"`
-	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
-	RetryAt     time.Time       `json:"retry_at,omitzero"`
-	IdleFor     time.Duration   `json:"idle_for"`
-	LastActive  time.Time       `json:"last_active"`  // last connect, disconnect or wake
-	SleepsIn    time.Duration   `json:"sleeps_in"`    // zero when not counting down
-	Recent      []time.Duration `json:"recent_wakes"` // oldest first
-	FirstStart  time.Duration   `json:"first_start"`  // the first start (initdb), not in the wake figures
-	Events      []Event         `json:"events"`       // oldest first
+	Name        string        `json:"name"`
+	State       State         `json:"state"`
+	Active      int           `json:"active"` // includes Queued
+	Queued      int           `json:"queued"`
+	Pinned      bool          `json:"pinned"`
+	SleepAfter  time.Duration `json:"sleep_after"`
+	SleepMode   string        `json:"sleep_mode"`
+	Image       string        `json:"image"`
+	Backend     string        `json:"backend"`
+	Wakes       int           `json:"wakes"`
+	WakeFails   int           `json:"wake_failures"`
+	LastWake    time.Duration `json:"last_wake"`
+	P50Wake     time.Duration `json:"p50_wake"`
+	P95Wake     time.Duration `json:"p95_wake"`
+	MaxWake     time.Duration `json:"max_wake"`
+	LastError   string        `json:"last_error,omitempty"`
+	LastErrorAt time.Time     `json:"last_error_at,omitzero"`
+	RetryAt     time.Time     `json:"retry_at,omitzero"`
+	IdleFor     time.Duration `json:"idle_for"`
+	LastActive  time.Time     `json:"last_active"` // last connect, disconnect or wake
+	SleepsIn    time.Duration `json:"sleeps_in"`   // zero when not counting down
+	// StopAfter is a tiered project's time paused before it is stopped.
+	StopAfter time.Duration `json:"stop_after"`
+	// Asleep is what the server of a sleeping project is in: "pause" or
+	// "stop"; empty while it is not asleep, or when pgwake cannot tell.
+	Asleep string `json:"asleep,omitempty"`
+	// NextSleep is the time until the project's next idle step: the
+	// sleep while it runs idle (SleepsIn), for a paused tiered project
+	// the stop; zero when none is counting down or it is due now.
+	NextSleep  time.Duration   `json:"next_sleep"`
+	Recent     []time.Duration `json:"recent_wakes"` // oldest first
+	FirstStart time.Duration   `json:"first_start"`  // the first start (initdb), not in the wake figures
+	Events     []Event         `json:"events"`       // oldest first
 	// PeersBusy says why other pgwake processes serving the same server
 	// keep it awake (their connections, a wake of theirs, or doubt), as
 	// the last idle check found; empty when none did.
@@ -1037,7 +1186,8 @@ func (p *project) status() Status {
 	defer p.mu.Unlock()
 	st := Status{
 		Name: p.name, State: p.state, Active: p.active, Queued: p.queued, Pinned: p.cfg.Pinned,
-		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), Image: p.cfg.Spec.Image,
+		SleepAfter: p.cfg.SleepAfter, SleepMode: string(p.cfg.SleepMode), StopAfter: p.cfg.StopAfter,
+		Image:   p.cfg.Spec.Image,
 		Backend: p.be.Name(), Wakes: p.wakes, WakeFails: p.wakeFails,
 		LastError: p.lastErr, LastErrorAt: p.lastErrAt, LastActive: p.lastActive,
 		Recent:     append([]time.Duration(nil), p.latencies...),
@@ -1066,7 +1216,19 @@ func (p *project) status() Status {
 				due = g
 			}
 			st.SleepsIn = max(due.Sub(now), 0)
+			st.NextSleep = st.SleepsIn
 		}
+	}
+	if p.state == StateSleeping || p.state == StateStopping {
+		st.Asleep = string(p.asleep)
+	}
+	if p.state == StateSleeping && p.cfg.SleepMode == backend.SleepTiered && p.cfg.StopAfter > 0 &&
+		!p.cfg.Pinned && p.asleep != backend.SleepStop && p.wake == nil && p.active == 0 {
+		due := p.asleepAt.Add(p.cfg.StopAfter)
+		if p.deepenAt.After(due) {
+			due = p.deepenAt
+		}
+		st.NextSleep = max(due.Sub(now), 0)
 	}
 	return st
 }
@@ -1160,6 +1322,12 @@ func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, 
 			p.recordLocked("stop for %s failed: %v", why, stopErr)
 		default:
 			p.state, p.target = StateSleeping, target{}
+			switch {
+			case stop && stopErr == nil:
+				p.setAsleepLocked(backend.SleepStop)
+			case stop:
+				p.setAsleepLocked("") // paused or stopped: unknown
+			}
 			if err != nil {
 				p.recordLocked("%s failed: %v", why, err)
 			} else {

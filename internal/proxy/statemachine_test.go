@@ -33,6 +33,10 @@ type scriptBackend struct {
 	// When set, Sleep signals inSleep and waits for sleepGate.
 	inSleep   chan struct{}
 	sleepGate chan struct{}
+	// sleeps are the modes Sleep was called with, in order; sleepErr, when
+	// set, is what a Sleep of that mode returns (nil: it works).
+	sleeps   []backend.SleepMode
+	sleepErr func(backend.SleepMode) error
 }
 
 func (b *scriptBackend) Name() string { return "script" }
@@ -59,18 +63,36 @@ func (b *scriptBackend) Start(context.Context, backend.Spec) (backend.Endpoint, 
 	return b.start()
 }
 
-func (b *scriptBackend) Sleep(context.Context, backend.Spec, backend.SleepMode) error {
+// Sleep pauses a running server (it keeps its run and address) or stops
+// it.
+func (b *scriptBackend) Sleep(_ context.Context, _ backend.Spec, mode backend.SleepMode) error {
 	if b.sleepGate != nil {
 		b.inSleep <- struct{}{}
 		<-b.sleepGate
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.sleeps = append(b.sleeps, mode)
 	if b.err != nil {
 		return b.err
 	}
+	if b.sleepErr != nil {
+		if err := b.sleepErr(mode); err != nil {
+			return err
+		}
+	}
+	if mode == backend.SleepPause && b.status.State == backend.StateRunning {
+		b.status.State = backend.StatePaused
+		return nil
+	}
 	b.status = backend.Status{State: backend.StateStopped}
 	return nil
+}
+
+func (b *scriptBackend) sleepModes() []backend.SleepMode {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]backend.SleepMode(nil), b.sleeps...)
 }
 
 func (b *scriptBackend) Status(context.Context, backend.Spec) (backend.Status, error) {
@@ -141,8 +163,9 @@ func serveBackend(t *testing.T, be backend.Backend, opts proxy.Options) (*proxy.
 	return serveProject(t, proxy.Project{Spec: backend.Spec{Name: "app", User: "u", Database: "app"}, Backend: be}, opts)
 }
 
-// serveProject runs a proxy with the one project p.
-func serveProject(t *testing.T, p proxy.Project, opts proxy.Options) (*proxy.Server, string) {
+// serveProject runs a proxy with the one project p; setup runs on the
+// server before p is added.
+func serveProject(t *testing.T, p proxy.Project, opts proxy.Options, setup ...func(*proxy.Server)) (*proxy.Server, string) {
 	t.Helper()
 	if opts.ReadyPoll == 0 {
 		opts.ReadyPoll = time.Millisecond
@@ -155,6 +178,9 @@ func serveProject(t *testing.T, p proxy.Project, opts proxy.Options) (*proxy.Ser
 	srv, err := proxy.New(opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(srv)
 	}
 	if err := srv.AddProject(t.Context(), p); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,10 @@ type Project struct {
 	Database   string        `json:"database"`
 	SleepAfter time.Duration `json:"sleep_after"`
 	SleepMode  string        `json:"sleep_mode"`
-	Pinned     bool          `json:"pinned,omitempty"`
+	// StopAfter is, for sleep mode tiered, how long the server stays
+	// paused before it is stopped.
+	StopAfter time.Duration `json:"stop_after,omitempty"`
+	Pinned    bool          `json:"pinned,omitempty"`
 	// Ephemeral projects are removed, data and all, when pgwake goes down.
 	Ephemeral bool `json:"ephemeral,omitempty"`
 	// Port is the project's own listen port (port routing): every

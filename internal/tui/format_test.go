@@ -11,6 +11,8 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
+
+	"github.com/pgwake/pgwake/internal/admin"
 )
 
 func TestTUIFormat(t *testing.T) {
@@ -139,5 +141,61 @@ func TestTUIPlainTable(t *testing.T) {
 	b.Reset()
 	if err := WriteJSON(&b, nil); err != nil || b.String() != "[]\n" {
 		t.Errorf("WriteJSON(nil) = %q, %v; want []", b.String(), err)
+	}
+}
+
+func TestTUIFormatTiered(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{30 * time.Minute, "30m"}, {90 * time.Minute, "1h30m"}, {time.Hour, "1h"}, {45 * time.Second, "45s"},
+		{90 * time.Second, "1m30s"}, {0, "0s"},
+	} {
+		if got := shortDuration(c.d); got != c.want {
+			t.Errorf("shortDuration(%v) = %q, want %q", c.d, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0s"}, {time.Millisecond, "1s"}, {45 * time.Second, "45s"}, {time.Minute, "60s"},
+		{61 * time.Second, "2m"}, {29*time.Minute + time.Second, "30m"}, {time.Hour, "60m"}, {90 * time.Minute, "2h"},
+	} {
+		got := coarseCountdown(c.d)
+		if got != c.want || ansi.StringWidth("stop "+got) > wSleeps {
+			t.Errorf("coarseCountdown(%v) = %q, want %q (in %d cells after \"stop \")", c.d, got, c.want, wSleeps)
+		}
+	}
+}
+
+// The plain table shows both steps of a tiered project: while it runs
+// idle the pause and then the stop, while it is paused the stop.
+func TestTUIPlainTableTiered(t *testing.T) {
+	t.Parallel()
+	idle := admin.Project{Name: "idle", State: "running", SleepMode: "tiered", SleepAfterMS: 10_000,
+		StopAfterMS: 1_800_000, SleepsInMS: 4_000, NextSleepMS: 4_000}
+	paused := admin.Project{Name: "paused", State: "sleeping", SleepMode: "tiered", SleepAfterMS: 10_000,
+		StopAfterMS: 1_800_000, Asleep: "pause", NextSleepMS: 29 * 60_000}
+	stopped := admin.Project{Name: "stopped", State: "sleeping", SleepMode: "tiered", SleepAfterMS: 10_000,
+		StopAfterMS: 1_800_000, Asleep: "stop"}
+	var b bytes.Buffer
+	if err := WriteTable(&b, []admin.Project{idle, paused, stopped}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")
+	for i, want := range []string{"pause 4s, stop +30m", "stop 29m0s", ""} {
+		line := lines[i+1]
+		if want == "" {
+			if strings.Contains(line, "stop ") || strings.Contains(line, "pause ") {
+				t.Errorf("stopped project's line %q counts down a step", line)
+			}
+			continue
+		}
+		if !strings.Contains(line, want) {
+			t.Errorf("line %q lacks %q", line, want)
+		}
 	}
 }

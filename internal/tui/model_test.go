@@ -501,6 +501,32 @@ func TestTUICountdown(t *testing.T) {
 	h.waitText("in use")
 }
 
+// A tiered project's countdown shows both steps: the pause and the stop
+// after it while it runs idle, then the stop while it is paused.
+func TestTUICountdownTiered(t *testing.T) {
+	t.Parallel()
+	p := project("app", "running")
+	p.SleepMode, p.SleepAfterMS, p.StopAfterMS = "tiered", 10_000, 1_800_000
+	p.SleepsInMS, p.NextSleepMS = 4_000, 4_000
+	h := startTUI(t, newFakeSource(true, p))
+	// The countdowns run on with the 1s tick: any value of them will do.
+	h.waitText("pauses after 10s idle, stops 30m later (tiered)", "then stops 30m later")
+	if s := h.waitText("then stops 30m later"); !regexp.MustCompile(`pauses in [0-4]s, then stops 30m later`).MatchString(s) {
+		t.Errorf("running idle, the countdown does not show the pause:\n%s", s)
+	}
+
+	p.State, p.Asleep, p.SleepsInMS, p.NextSleepMS = "sleeping", "pause", 0, 29*60_000
+	h.src.send(admin.StreamEvent{Type: "project", Project: p})
+	s := h.waitText("paused; stops in 2", "stop 29m")
+	if !regexp.MustCompile(`paused; stops in 2[89]m`).MatchString(s) {
+		t.Errorf("paused, the countdown does not show the stop:\n%s", s)
+	}
+
+	p.Asleep, p.NextSleepMS = "stop", 0
+	h.src.send(admin.StreamEvent{Type: "project", Project: p})
+	h.waitText("conns    none · stopped")
+}
+
 func TestTUIRemoved(t *testing.T) {
 	t.Parallel()
 	src := newFakeSource(true, threeProjects()...)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,8 +33,14 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 			state += " (in use via peers)"
 		}
 		sleeps := "-"
-		if countingDown(p) {
+		switch {
+		case countingDown(p) && tiered(p):
+			sleeps = "pause " + formatCountdown(time.Duration(p.SleepsInMS)*time.Millisecond) +
+				", stop +" + shortDuration(time.Duration(p.StopAfterMS)*time.Millisecond)
+		case countingDown(p):
 			sleeps = formatCountdown(time.Duration(p.SleepsInMS) * time.Millisecond)
+		case stopPending(p):
+			sleeps = "stop " + formatCountdown(time.Duration(p.NextSleepMS)*time.Millisecond)
 		}
 		be := p.Backend
 		if be == "" {
@@ -105,6 +112,31 @@ func FormatMillis(ms int64) string {
 // awake, no connections, not pinned, and it sleeps at all.
 func countingDown(p admin.Project) bool {
 	return p.State == "running" && p.Active == 0 && !p.Pinned && p.SleepAfterMS > 0
+}
+
+// tiered reports whether p sleeps in two steps: paused after its
+// sleep_after, stopped after its stop_after more.
+func tiered(p admin.Project) bool { return p.SleepMode == "tiered" && p.StopAfterMS > 0 }
+
+// stopPending reports whether p is a tiered project asleep but not yet
+// stopped, whose stop counts down (NextSleepMS). A project backing off
+// after failed wakes ("error") counts down too: its server is stopped
+// whatever the failed wake left.
+func stopPending(p admin.Project) bool {
+	return (p.State == "sleeping" || p.State == "error") && tiered(p) && !p.Pinned && p.Asleep != "stop"
+}
+
+// shortDuration formats a setting's duration without its zero tail:
+// "30m", "1h30m", "45s".
+func shortDuration(d time.Duration) string {
+	s := d.Round(time.Second).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // formatCountdown formats the time left before an idle project sleeps,

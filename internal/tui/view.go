@@ -90,6 +90,8 @@ func (m Model) sleepsIn(e entry) string {
 		return "in use"
 	case countingDown(p):
 		return formatCountdown(m.remaining(e))
+	case stopPending(p):
+		return "stop " + coarseCountdown(m.remainingNext(e))
 	}
 	return "-"
 }
@@ -98,6 +100,27 @@ func (m Model) sleepsIn(e entry) string {
 func (m Model) remaining(e entry) time.Duration {
 	elapsed := max(m.now.Sub(e.at), 0)
 	return time.Duration(e.p.SleepsInMS)*time.Millisecond - elapsed
+}
+
+// remainingNext is the time left until e's next idle step (next_sleep_ms)
+// at the model's clock: for a paused tiered project, its stop.
+func (m Model) remainingNext(e entry) time.Duration {
+	elapsed := max(m.now.Sub(e.at), 0)
+	return time.Duration(e.p.NextSleepMS)*time.Millisecond - elapsed
+}
+
+// coarseCountdown is a countdown in at most 3 cells plus its unit's,
+// rounded up to its largest unit ("45s", "29m", "2h"), for the table.
+func coarseCountdown(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d <= time.Minute:
+		return fmt.Sprintf("%ds", (d+time.Second-1)/time.Second)
+	case d <= time.Hour:
+		return fmt.Sprintf("%dm", (d+time.Minute-1)/time.Minute)
+	}
+	return fmt.Sprintf("%dh", (d+time.Hour-1)/time.Hour)
 }
 
 // compactLatency formats a latency in at most 6 cells.
@@ -314,9 +337,13 @@ func (m Model) projectLines(e entry) []string {
 	if p.Pinned {
 		meta = append(meta, "pinned")
 	}
-	if p.SleepAfterMS > 0 {
+	switch {
+	case p.SleepAfterMS > 0 && tiered(p):
+		meta = append(meta, "pauses after "+FormatMillis(p.SleepAfterMS)+" idle, stops "+
+			shortDuration(time.Duration(p.StopAfterMS)*time.Millisecond)+" later (tiered)")
+	case p.SleepAfterMS > 0:
 		meta = append(meta, "sleeps after "+FormatMillis(p.SleepAfterMS)+" idle ("+p.SleepMode+")")
-	} else {
+	default:
 		meta = append(meta, "never sleeps")
 	}
 	if p.Ephemeral {
@@ -348,10 +375,20 @@ func (m Model) projectLines(e entry) []string {
 		conns = fmt.Sprintf("%d open, %d waiting for the wake", p.Active, p.Queued)
 	case p.Active > 0:
 		conns = fmt.Sprintf("%d open", p.Active)
+	case countingDown(p) && tiered(p):
+		conns = fmt.Sprintf("none · idle %s · pauses in %s, then stops %s later",
+			formatCountdown(time.Duration(p.IdleMS)*time.Millisecond+max(m.now.Sub(e.at), 0)),
+			formatCountdown(m.remaining(e)), shortDuration(time.Duration(p.StopAfterMS)*time.Millisecond))
 	case countingDown(p):
 		conns = fmt.Sprintf("none · idle %s · sleeps in %s",
 			formatCountdown(time.Duration(p.IdleMS)*time.Millisecond+max(m.now.Sub(e.at), 0)),
 			formatCountdown(m.remaining(e)))
+	case stopPending(p) && p.Asleep == "pause":
+		conns = "none · paused; stops in " + formatCountdown(m.remainingNext(e))
+	case stopPending(p):
+		conns = "none · stops in " + formatCountdown(m.remainingNext(e))
+	case tiered(p) && p.Asleep == "stop":
+		conns = "none · stopped"
 	default:
 		conns = "none"
 	}
