@@ -23,8 +23,8 @@
 #
 # Usage: bench/branch.sh   (as root or a user in the docker group)
 # Tunables (environment): BENCH_SCALE (pgbench scale, 70 = ~1 GB),
-# BENCH_ROUNDS (3), BENCH_BUDGET (seconds, 900: no new round starts when the
-# last round's length would take the whole run past it), BENCH_BUSY_CLIENTS
+# BENCH_ROUNDS (3), BENCH_BUDGET (seconds, 900: when the first round shows
+# that all rounds would take the run past it, only one is run), BENCH_BUSY_CLIENTS
 # (4), BENCH_BUSY_BEFORE (seconds of load before the busy branch starts, 15),
 # PGWAKETEST_IMAGE (pgwake-test/postgres:15), BENCH_KEEP=1 keeps the work
 # directory.
@@ -235,6 +235,11 @@ phases() {
 		}' "$work/events.log"
 }
 
+# started_in START END CONTAINER: whether CONTAINER started in the window.
+started_in() {
+	awk -v s="$1" -v e="$2" -v c="$3" '$1 / 1e9 >= s && $1 / 1e9 <= e && $2 == "start" && $3 == c { f = 1 } END { exit !f }' "$work/events.log"
+}
+
 # --- set-up -------------------------------------------------------------------
 
 log "building pgwake"
@@ -279,8 +284,7 @@ pgversion="$(q "$URL" 'show server_version')"
 declare -A T    # operation -> "s s s"
 declare -A PH   # operation -> phases of the last round
 BUSY_ERR=0 BUSY_TX="" BUSY_BEFORE_TPS="" BUSY_DURING_TPS="" BUSY_NOTES=""
-SRC_ASLEEP_OK=""
-ops=(template_wal template_copy dump branch_sleeping branch_first branch_busy snapshot reset reset_first)
+SRC_ASLEEP_OK=0
 load_start="$(loadavg)"
 rounds_done=0
 bench_start="$(now)"
@@ -317,10 +321,11 @@ dump_restore() {
 branch() { "$PGWAKE" branch "$SRC" "$1" --sleep-after 0 >/dev/null 2>>"$work/branch.err" || { cat "$work/branch.err" >&2; die "pgwake branch $SRC $1 failed"; }; }
 
 for r in $(seq "$ROUNDS"); do
-	if ((r > 1)); then
+	# All rounds if they fit in the budget (judged after the first), else one.
+	if ((r == 2)); then
 		elapsed="$(since "$script_start")"
-		if awk -v e="$elapsed" -v l="$round_secs" -v b="$BUDGET" 'BEGIN{exit !(e + l > b)}'; then
-			log "stopping after $rounds_done round(s): ${elapsed}s so far and a round takes ${round_secs}s (budget ${BUDGET}s)"
+		if awk -v e="$elapsed" -v l="$round_secs" -v n=$((ROUNDS - 1)) -v b="$BUDGET" 'BEGIN{exit !(e + n * l > b)}'; then
+			log "one round only: ${elapsed}s so far and a round takes ${round_secs}s, $ROUNDS rounds would pass the budget of ${BUDGET}s"
 			break
 		fi
 	fi
@@ -358,7 +363,8 @@ for r in $(seq "$ROUNDS"); do
 	log "  branch of the sleeping source: ${LAST}s (${PH[branch_sleeping]})"
 	st="$(state_of "$SRC")"
 	[[ "$st" == sleeping ]] || die "$SRC is $st after a branch of it asleep"
-	SRC_ASLEEP_OK+="$st "
+	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the branch of it asleep"
+	SRC_ASLEEP_OK=$((SRC_ASLEEP_OK + 1))
 	BURL="$(url_of "bs$r")"
 	timed branch_first check_count "$BURL" "branch bs$r"
 	log "  its first query (wake of the branch, count(*)): ${LAST}s"
@@ -369,6 +375,9 @@ for r in $(seq "$ROUNDS"); do
 	# Snapshot of the sleeping source, to reset to below.
 	timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err"
 	PH[snapshot]="$(phases "$LAST_S" "$LAST_E")"
+	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the snapshot of it asleep"
+	timed snapshots "$PGWAKE" snapshots "$SRC" >"$work/snapshots.out"
+	grep -q "^r$r " "$work/snapshots.out" || { cat "$work/snapshots.out" >&2; die "pgwake snapshots $SRC does not list r$r"; }
 	log "  snapshot of the sleeping source: ${LAST}s ($(grep -o '([^)]*)' "$work/snapshot.err" | tail -n1))"
 
 	# Branch of a busy source: pgbench (TPC-B, writes) on it through pgwake
@@ -376,7 +385,13 @@ for r in $(seq "$ROUNDS"); do
 	# set from the sleeping branch's time, generously; if the branch
 	# outlasts it, the report says so.
 	"$PGWAKE" wake "$SRC" >/dev/null 2>&1
-	est="$(awk -v t="$(stat_of "${T[branch_sleeping]}" median)" 'BEGIN{printf "%d", (t * 4 < 40 ? 40 : t * 4)}')"
+	# Long enough for the branch: 3x the sleeping branch in round 1, then
+	# 1.5x the slowest busy branch so far.
+	if [[ -z "${T[branch_busy]:-}" ]]; then
+		est="$(awk -v t="$(stat_of "${T[branch_sleeping]}" median)" 'BEGIN{printf "%d", (t * 3 < 30 ? 30 : t * 3)}')"
+	else
+		est="$(echo ${T[branch_busy]} | tr ' ' '\n' | sort -g | tail -n1 | awk '{printf "%d", $1 * 1.5 + 5}')"
+	fi
 	busy_t=$((BUSY_BEFORE + est + 5))
 	"$PGBENCH" -n -c "$BUSY_CLIENTS" -j 2 -T "$busy_t" -P 1 --progress-timestamp "$URL" >"$work/busy$r.out" 2>"$work/busy$r.err" &
 	load_pid=$!
@@ -419,6 +434,8 @@ for r in $(seq "$ROUNDS"); do
 	wait_idle "$SRC"
 	timed reset "$PGWAKE" reset "$SRC" "r$r" 2>"$work/reset.err" || { cat "$work/reset.err" >&2; die "reset failed"; }
 	PH[reset]="$(phases "$LAST_S" "$LAST_E")"
+	RESET_TOOK="$(grep 'msg="project reset"' "$PGWAKE_STATE_DIR/pgwake.log" | tail -n1 | grep -o 'took=[^ ]*' | cut -d= -f2)"
+	PH[reset]+="; pgwake's log says the reset took $RESET_TOOK (from the hold, after listing the snapshots)"
 	log "  reset of the (awake, idle) source: ${LAST}s (${PH[reset]})"
 	timed reset_first q "$URL" "select 1" >/dev/null
 	read -r -a got <<<"$(q "$URL" "$STATS")"
@@ -452,7 +469,7 @@ report="$work/results-branch.md"
 	echo "- machine: $(nproc) CPUs ($(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)), $(awk '/^MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM; Docker $(docker version --format '{{.Server.Version}}') ($(docker info --format '{{.Driver}}') storage driver), volumes on $(df -T "$(docker info --format '{{.DockerRootDir}}')" | awk 'NR==2{print $2}') (cp --reflink=auto falls back to a full copy there)"
 	echo "- load average (1, 5, 15 min): $load_start at the start of the measured rounds, $load_end at the end. The machine ran other test suites meanwhile; the benchmark itself adds about 1-5."
 	echo "- data: pgbench -i -s $SCALE (took ${init_secs}s): database $DB is $db_size (pg_database_size $db_bytes bytes; all databases of the server $cluster_size), $ROWS rows in pgbench_accounts; Postgres $pgversion ($IMAGE)"
-	echo "- $rounds_done round(s) in ${bench_secs}s (operations interleaved in every round); seconds, wall clock (date +%s.%N) around the command"
+	echo "- $rounds_done round(s) of $ROUNDS in ${bench_secs}s$( ((rounds_done < ROUNDS)) && echo " (the first round showed that $ROUNDS would take the run past its budget of ${BUDGET}s)"), every operation once per round, interleaved; the whole script took $(since "$script_start")s; seconds are wall clock (date +%s.%N) around the command"
 	echo
 	echo "| operation | median s | values s | pg_dump\\|pg_restore / this |"
 	echo "|:--|---:|:--|---:|"
@@ -461,6 +478,7 @@ report="$work/results-branch.md"
 	row "&nbsp;&nbsp;then the branch's first query (its first wake + count(*))" branch_first
 	row "\`pgwake branch\` of a busy source (pg_basebackup under pgbench -c $BUSY_CLIENTS)" branch_busy
 	row "\`pgwake snapshot\` of the sleeping source" snapshot
+	row "\`pgwake snapshots\` (list, one snapshot)" snapshots
 	row "\`pgwake reset\` (source awake and idle: stop, copy back)" reset
 	row "&nbsp;&nbsp;then the first query (wake on the restored data)" reset_first
 	row "\`pg_dump -Fc \\| pg_restore\` into a new empty project" dump
@@ -481,7 +499,7 @@ report="$work/results-branch.md"
 	echo "- snapshot: ${PH[snapshot]}"
 	echo "- reset: ${PH[reset]}"
 	echo
-	echo "Checks, after every timed operation: every copy has $ROWS rows in pgbench_accounts; the source was still asleep after each branch of it asleep ($SRC_ASLEEP_OK); each busy branch's sums agree (sum(abalance) of accounts = sum(delta) of history = sum(tbalance) = sum(bbalance): a transaction boundary, no torn rows); after each reset the counts and sums of all four tables are exactly the snapshot's."
+	echo "Checks, after every timed operation: every copy has $ROWS rows in pgbench_accounts; the source was still asleep after each branch of it asleep, its server not started meanwhile (Docker events; $SRC_ASLEEP_OK of $rounds_done); each busy branch's sums agree (sum(abalance) of accounts = sum(delta) of history = sum(tbalance) = sum(bbalance): a transaction boundary, no torn rows); after each reset the counts and sums of all four tables are exactly the snapshot's."
 	echo
 	echo "Busy source: pgbench -c $BUSY_CLIENTS -j 2 (TPC-B, through pgwake) on $SRC from ${BUSY_BEFORE}s before each branch until after it: $BUSY_ERR failed transactions or error lines in total (transactions per run: ${BUSY_TX% }); tps before the branch ${BUSY_BEFORE_TPS% }, during it ${BUSY_DURING_TPS% }.${BUSY_NOTES:+ Note: ${BUSY_NOTES% ; }.}"
 	echo

@@ -527,6 +527,15 @@ func TestTUICountdownTiered(t *testing.T) {
 	h.waitText("conns    none · stopped")
 }
 
+// A branch's detail pane names its parent and when it was copied.
+func TestTUIBranchParent(t *testing.T) {
+	t.Parallel()
+	p := project("job1", "sleeping")
+	p.Parent, p.BranchedAt = "seed", time.Date(2026, 12, 2, 13, 0, 0, 0, time.Local)
+	h := startTUI(t, newFakeSource(true, p))
+	h.waitText("branch   of seed, copied 2026-12-02 13:00:00")
+}
+
 func TestTUIRemoved(t *testing.T) {
 	t.Parallel()
 	src := newFakeSource(true, threeProjects()...)

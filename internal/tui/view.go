@@ -355,6 +355,9 @@ func (m Model) projectLines(e entry) []string {
 		label("port") + m.portLine(p),
 		label("image") + p.Image + m.styles.faint.Render(" on "+p.Backend),
 	}
+	if p.Parent != "" {
+		lines = append(lines, label("branch")+"of "+p.Parent+m.styles.faint.Render(", copied "+p.BranchedAt.Local().Format(time.DateTime)))
+	}
 
 	wakes := fmt.Sprintf("%d", p.Wakes)
 	if p.WakeFailures > 0 {
