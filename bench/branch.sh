@@ -366,8 +366,9 @@ for r in $(seq "$ROUNDS"); do
 	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the branch of it asleep"
 	SRC_ASLEEP_OK=$((SRC_ASLEEP_OK + 1))
 	BURL="$(url_of "bs$r")"
-	timed branch_first check_count "$BURL" "branch bs$r"
-	log "  its first query (wake of the branch, count(*)): ${LAST}s"
+	timed branch_first q "$BURL" "select 1" >/dev/null
+	log "  its first query (the branch's first wake, select 1): ${LAST}s"
+	check_count "$BURL" "branch bs$r"
 	[[ "$(lsj "bs$r" .parent)" == "$SRC" ]] || die "bs$r has no parent $SRC in ls --json"
 	wait_idle "bs$r"
 	"$PGWAKE" rm "bs$r" --volumes >/dev/null 2>&1
@@ -376,9 +377,11 @@ for r in $(seq "$ROUNDS"); do
 	timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err"
 	PH[snapshot]="$(phases "$LAST_S" "$LAST_E")"
 	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the snapshot of it asleep"
+	SNAP_SIZE="$(grep -o '([^)]*)' "$work/snapshot.err" | tail -n1 | tr -d '()')"
+	log "  snapshot of the sleeping source: ${LAST}s ($SNAP_SIZE; ${PH[snapshot]})"
 	timed snapshots "$PGWAKE" snapshots "$SRC" >"$work/snapshots.out"
 	grep -q "^r$r " "$work/snapshots.out" || { cat "$work/snapshots.out" >&2; die "pgwake snapshots $SRC does not list r$r"; }
-	log "  snapshot of the sleeping source: ${LAST}s ($(grep -o '([^)]*)' "$work/snapshot.err" | tail -n1))"
+	log "  pgwake snapshots $SRC (the list): ${LAST}s"
 
 	# Branch of a busy source: pgbench (TPC-B, writes) on it through pgwake
 	# from BUSY_BEFORE seconds before the branch until after it. Its -T is
@@ -435,7 +438,9 @@ for r in $(seq "$ROUNDS"); do
 	timed reset "$PGWAKE" reset "$SRC" "r$r" 2>"$work/reset.err" || { cat "$work/reset.err" >&2; die "reset failed"; }
 	PH[reset]="$(phases "$LAST_S" "$LAST_E")"
 	RESET_TOOK="$(grep 'msg="project reset"' "$PGWAKE_STATE_DIR/pgwake.log" | tail -n1 | grep -o 'took=[^ ]*' | cut -d= -f2)"
-	PH[reset]+="; pgwake's log says the reset took $RESET_TOOK (from the hold, after listing the snapshots)"
+	hold_at="$(grep "why=\"reset to snapshot r$r\"" "$PGWAKE_STATE_DIR/pgwake.log" | grep -m1 'holding project asleep' | sed 's/^time=\([^ ]*\) .*/\1/')"
+	hold_in="$(awk -v h="$(date -d "$hold_at" +%s.%N)" -v s="$LAST_S" 'BEGIN{printf "%.1f", h - s}')"
+	PH[reset]+="; pgwake's log: the reset took $RESET_TOOK from holding the project, which began ${hold_in} s after the command started (the daemon first lists the snapshots)"
 	log "  reset of the (awake, idle) source: ${LAST}s (${PH[reset]})"
 	timed reset_first q "$URL" "select 1" >/dev/null
 	read -r -a got <<<"$(q "$URL" "$STATS")"
@@ -475,12 +480,12 @@ report="$work/results-branch.md"
 	echo "|:--|---:|:--|---:|"
 	row() { echo "| $1 | $(fmt1 "$(m "$2")") | $(vals "$2") | $(ratio "$dump_m" "$(m "$2")") |"; }
 	row "\`pgwake branch\` of a sleeping source (file copy; source stays asleep)" branch_sleeping
-	row "&nbsp;&nbsp;then the branch's first query (its first wake + count(*))" branch_first
+	row "&nbsp;&nbsp;then the branch's first query (its first wake, select 1)" branch_first
 	row "\`pgwake branch\` of a busy source (pg_basebackup under pgbench -c $BUSY_CLIENTS)" branch_busy
 	row "\`pgwake snapshot\` of the sleeping source" snapshot
 	row "\`pgwake snapshots\` (list, one snapshot)" snapshots
 	row "\`pgwake reset\` (source awake and idle: stop, copy back)" reset
-	row "&nbsp;&nbsp;then the first query (wake on the restored data)" reset_first
+	row "&nbsp;&nbsp;then the first query (wake on the restored data, select 1)" reset_first
 	row "\`pg_dump -Fc \\| pg_restore\` into a new empty project" dump
 	row "\`CREATE DATABASE ... TEMPLATE\` (STRATEGY WAL_LOG, 15's default)" template_wal
 	row "\`CREATE DATABASE ... TEMPLATE\` (STRATEGY FILE_COPY)" template_copy

@@ -435,21 +435,30 @@ func (b *Backend) logTail(ctx context.Context, pod *corev1.Pod) string {
 	if cs == nil || (cs.RestartCount == 0 && cs.State.Terminated == nil && cs.State.Running == nil) {
 		return "" // never ran: no log
 	}
-	opts := &corev1.PodLogOptions{Container: postgresContainer(pod), TailLines: ptr.To[int64](logTailLines)}
-	opts.Previous = cs.State.Running == nil && cs.State.Terminated == nil
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	data, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts).DoRaw(ctx)
-	if err != nil {
-		return ""
-	}
-	var lines []string
-	for _, l := range strings.Split(string(data), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			lines = append(lines, l)
+	read := func(previous bool) string {
+		opts := &corev1.PodLogOptions{Container: postgresContainer(pod), TailLines: ptr.To[int64](logTailLines), Previous: previous}
+		data, err := b.cs.CoreV1().Pods(b.ns).GetLogs(pod.Name, opts).DoRaw(ctx)
+		if err != nil {
+			return ""
 		}
+		var lines []string
+		for _, l := range strings.Split(string(data), "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, " | ")
 	}
-	return strings.Join(lines, " | ")
+	// The status may lag the kubelet: a run it still shows terminated can
+	// already be the previous one, the current one not having written a
+	// line yet (seen under load). The other run's log is the next best.
+	previous := cs.State.Running == nil && cs.State.Terminated == nil
+	if tail := read(previous); tail != "" {
+		return tail
+	}
+	return read(!previous)
 }
 
 // notReady explains a wake that ran out of time.
