@@ -817,7 +817,8 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (_ backend.Stat
 		// caller's wake ends with it) rather than only the exit code.
 		var ie *backend.InitError
 		if err := b.checkInit(ctx, spec, c.ID, c.Config.Env); errors.As(err, &ie) {
-			st.Exit = strings.TrimSpace(st.Exit + ": init script " + ie.Script + " failed")
+			st.Exit = strings.TrimSpace(fmt.Sprintf("%s: init script %s failed; its data is not served and init does not run again: `pgwake rm --volumes %s`, then create it again",
+				st.Exit, ie.Script, spec.Name))
 			st.Log = ie.Message
 		}
 	}

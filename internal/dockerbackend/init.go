@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -318,6 +319,7 @@ func (b *Backend) initLog(ctx context.Context, id, script string) string {
 	} else if len(lines) > 0 {
 		out = lines
 	}
+	out = errorLines(out)
 	if len(out) > initLogLines {
 		out = out[:initLogLines]
 	}
@@ -330,6 +332,32 @@ func (b *Backend) initLog(ctx context.Context, id, script string) string {
 		}
 	}
 	return strings.Join(out, " | ")
+}
+
+// serverLine is a line of the server's own log (the temporary server
+// logs to the container's output too).
+var serverLine = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+ [A-Z]+ \[[0-9]+\] `)
+
+// errorLines keeps what says why a script failed: psql's error and its
+// context rather than the server's log of the same error, from the first
+// error on (what the script did before it succeeded).
+func errorLines(lines []string) []string {
+	isErr := func(l string) bool { return strings.Contains(l, "ERROR:") || strings.Contains(l, "FATAL:") }
+	client := false
+	for _, l := range lines {
+		client = client || !serverLine.MatchString(l) && isErr(l)
+	}
+	var out []string
+	for _, l := range lines {
+		if client && serverLine.MatchString(l) {
+			continue
+		}
+		if len(out) == 0 && !isErr(l) && slices.ContainsFunc(lines, isErr) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // readFile reads one small file from a container.
