@@ -44,6 +44,16 @@ type Project struct {
 	// ("statefulset/db"): its runtime's owner made it, pgwake only sleeps
 	// and wakes it, and removing the project only forgets it.
 	Adopted string `json:"adopted,omitempty"`
+	// Settings are server settings (lower-case GUC name -> value) applied
+	// at every start of its server.
+	Settings map[string]string `json:"settings,omitempty"`
+	// Init are the project's init scripts, in order: absolute paths of
+	// pgwake's own copies, taken at create (the originals may change or
+	// go), that run once at the first start of new data.
+	Init []string `json:"init,omitempty"`
+	// InitError is the recorded failure of the init scripts at the first
+	// start (the data is not served; see backend.InitError).
+	InitError string `json:"init_error,omitempty"`
 }
 
 type file struct {
