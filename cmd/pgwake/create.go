@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +19,8 @@ type createOptions struct {
 	req          admin.CreateRequest
 	ephemeral    bool
 	showPassword bool
+	init         []string // --init PATH: files or folders
+	set          []string // --set name=value
 }
 
 func newCreateCommand(d *deps) *cobra.Command {
@@ -29,6 +33,13 @@ through the proxy, without the password unless --show-password (so CI logs do
 not get it): pgwake url NAME prints the full URL, eval "$(pgwake env NAME)"
 sets PGPASSWORD. The first connect starts the new server for the first time
 (initdb), which takes seconds.
+
+--init scripts (.sql, .sql.gz, .sh, or folders of them) run once at that
+first start, like the official image's /docker-entrypoint-initdb.d; --set
+NAME=VALUE server settings apply at every start (postgres -c). A failing
+init script leaves the project in the error state with the script's error:
+it is not served, init does not run again, and pgwake rm --volumes NAME is
+the way out.
 
 Settings the flags leave out come from this command's own configuration
 when it sets them: PGWAKE_IMAGE, PGWAKE_SLEEP_AFTER, PGWAKE_SLEEP_MODE,
@@ -55,12 +66,17 @@ proxy itself (listen, backend, ...) belong to pgwake up.`,
 	f.BoolVar(&o.ephemeral, "ephemeral", false, "remove the project with its data on pgwake down (default: the ephemeral config key)")
 	f.BoolVar(&o.showPassword, "show-password", false, "print the URL with its password")
 	f.StringVar(&o.req.From, "from", "", "make it a branch of this project: a copy of its data now (see pgwake branch)")
+	f.StringArrayVar(&o.init, "init", nil, "an init script (.sql, .sql.gz, .sh) or a folder of them (lexical order), run once at the first start; repeatable (default: the project's init in pgwake.yaml)")
+	f.StringArrayVar(&o.set, "set", nil, "a server setting NAME=VALUE applied at every start, like shared_buffers=256MB; repeatable (adds to the project's settings in pgwake.yaml)")
 	return cmd
 }
 
 func runCreate(ctx context.Context, d *deps, o createOptions) error {
 	req := o.req
 	fillCreateRequest(&req, d.cfg)
+	if err := fillInitRequest(&req, d.cfg, o.init, o.set); err != nil {
+		return err
+	}
 	if req.From != "" && o.req.Image == "" {
 		req.Image = "" // a branch runs its source's image, whatever the config's default
 	}
@@ -90,6 +106,14 @@ func runCreate(ctx context.Context, d *deps, o createOptions) error {
 		fmt.Fprintln(d.stderr, "its data was initialised now (initdb); its first connect starts the server, later wakes too")
 	} else {
 		fmt.Fprintln(d.stderr, "its first connect starts the server for the first time (initdb for new data): allow a few seconds; later wakes are much faster")
+	}
+	if len(p.Init) > 0 {
+		fmt.Fprintf(d.stderr, "init scripts run once, at its first start: %s\n", strings.Join(p.Init, ", "))
+	} else if len(req.Init) > 0 {
+		fmt.Fprintln(d.stderr, "init scripts not run: the project reuses data kept by pgwake rm (rm --volumes first for new data)")
+	}
+	if len(p.Settings) > 0 {
+		fmt.Fprintf(d.stderr, "settings at every start: %s\n", fmtSettings(p.Settings))
 	}
 	u := p.URL
 	if !o.showPassword {
@@ -146,6 +170,68 @@ func fillCreateRequest(req *admin.CreateRequest, cfg config.Config) {
 	if req.Ephemeral == nil && set("ephemeral") {
 		req.Ephemeral = &cfg.Ephemeral
 	}
+}
+
+// fillInitRequest adds init scripts and settings to a create request: the
+// --init paths (files or folders) if any, else the project's init in
+// pgwake.yaml; the project's settings there, with --set NAME=VALUE on top.
+// The scripts are read here and travel with the request. Errors are usage
+// errors naming the path or setting.
+func fillInitRequest(req *admin.CreateRequest, cfg config.Config, initFlags, setFlags []string) error {
+	var pc config.ProjectConfig
+	for _, c := range cfg.Projects {
+		if c.Name == req.Name {
+			pc = c
+		}
+	}
+	paths := pc.Init
+	if len(initFlags) > 0 {
+		var err error
+		if paths, err = config.ExpandInit(initFlags); err != nil {
+			return usageError(fmt.Errorf("--%w", err))
+		}
+	}
+	if len(paths) > 0 {
+		files, err := admin.ReadInitFiles(paths)
+		if err != nil {
+			return usageError(err)
+		}
+		req.Init = files
+	}
+	for k, v := range pc.Settings {
+		if req.Settings == nil {
+			req.Settings = map[string]string{}
+		}
+		req.Settings[k] = v
+	}
+	for _, kv := range setFlags {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return usageError(fmt.Errorf("--set %q: want NAME=VALUE, like work_mem=64MB", kv))
+		}
+		name, err := config.SettingName(strings.TrimSpace(k))
+		if err != nil {
+			return usageError(fmt.Errorf("--set: %w", err))
+		}
+		if req.Settings == nil {
+			req.Settings = map[string]string{}
+		}
+		req.Settings[name] = v
+	}
+	return nil
+}
+
+// fmtSettings shows settings as name=value, sorted.
+func fmtSettings(s map[string]string) string {
+	names := make([]string, 0, len(s))
+	for k := range s {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for i, k := range names {
+		names[i] = k + "=" + s[k]
+	}
+	return strings.Join(names, " ")
 }
 
 // checkDaemonKeys compares what this command's configuration sets for the

@@ -198,6 +198,9 @@ func upAgain(ctx context.Context, d *deps, info admin.Info, o upOptions) error {
 		}
 		req := admin.CreateRequest{Name: pc.Name}
 		fillCreateRequest(&req, d.cfg)
+		if err := fillInitRequest(&req, d.cfg, nil, nil); err != nil {
+			return fmt.Errorf("declared project %q: %w", pc.Name, err)
+		}
 		if _, err := cl.Create(ctx, req); err != nil {
 			return fmt.Errorf("declared project %q: %w", pc.Name, err)
 		}

@@ -5,7 +5,10 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -108,6 +111,13 @@ type Project struct {
 	// wake and stays out of the wake figures; zero if pgwake did not see it.
 	FirstStartMS float64 `json:"first_start_ms,omitempty"`
 	Events       []Event `json:"events"` // recent history, oldest first
+	// Settings are the server settings applied at every start.
+	Settings map[string]string `json:"settings,omitempty"`
+	// Init names the init scripts that run once, at the first start.
+	Init []string `json:"init,omitempty"`
+	// InitError is set when they failed: the project is not served
+	// (State is "error") until it is removed with its data.
+	InitError string `json:"init_error,omitempty"`
 }
 
 // Event is one entry of a project's recent history.
@@ -142,6 +152,10 @@ type CreateRequest struct {
 	// is a copy of that project's, taken now (its image, user and
 	// database come with it; its password and port are its own).
 	From string `json:"from,omitempty"`
+	// Init are init scripts, in the order they run once at the first
+	// start; Settings are server settings (name -> value) for every start.
+	Init     []InitFile        `json:"init,omitempty"`
+	Settings map[string]string `json:"settings,omitempty"`
 }
 
 // Snapshot is a kept copy of a project's data.
@@ -163,6 +177,40 @@ type SnapshotRequest struct {
 type ResetRequest struct {
 	Label string `json:"label,omitempty"`
 	Force bool   `json:"force,omitempty"`
+}
+
+// InitFile is one init script as a create request carries it: its name
+// (which says its kind: .sql, .sql.gz or .sh) and its content, so that a
+// pgwake on another machine (admin_listen) gets it too.
+type InitFile struct {
+	Name       string `json:"name"`
+	Executable bool   `json:"executable,omitempty"` // a .sh run, not sourced
+	Data       []byte `json:"data"`
+}
+
+// MaxInitBytes bounds the init scripts of one create request; seed a large
+// database from a .sh script that fetches its dump instead.
+const MaxInitBytes = 48 << 20
+
+// ReadInitFiles reads init scripts for a create request, in order.
+func ReadInitFiles(paths []string) ([]InitFile, error) {
+	var out []InitFile
+	total := 0
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("init script: %w", err)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("init script: %w", err)
+		}
+		if total += len(data); total > MaxInitBytes {
+			return nil, fmt.Errorf("init scripts: more than %d MiB in all (at %s); fetch a large dump from a .sh script instead", MaxInitBytes>>20, p)
+		}
+		out = append(out, InitFile{Name: filepath.Base(p), Executable: fi.Mode()&0o100 != 0, Data: data})
+	}
+	return out, nil
 }
 
 // Errors a Service returns for the API to map to HTTP statuses.

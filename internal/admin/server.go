@@ -35,7 +35,11 @@ func Handler(svc Service) http.Handler {
 	})
 	mux.HandleFunc("POST "+APIPrefix+"/projects", func(w http.ResponseWriter, r *http.Request) {
 		var req CreateRequest
-		if !decode(w, r, &req) {
+		// Init scripts travel in the request (base64 in JSON: 4/3).
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20+MaxInitBytes*4/3))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, Invalid(err))
 			return
 		}
 		p, err := svc.Create(r.Context(), req)

@@ -7,7 +7,11 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"regexp"
+	"sort"
+	"strings"
 	"time"
 )
 
@@ -50,6 +54,116 @@ type Spec struct {
 	// Record.Adopted): a backend never creates a server for such a spec,
 	// whatever it finds missing.
 	Adopted string
+	// Init are the project's init scripts, absolute paths of files named
+	// by InitKind, in the order they run: once, at the first start of a new
+	// data directory, as the official image runs /docker-entrypoint-initdb.d
+	// (SQL through psql with ON_ERROR_STOP, .sh with sh). A failure leaves
+	// the data marked, and every later start fails with an *InitError
+	// naming the script (see InitError). Not part of the server's desired
+	// state: changing it after the first start changes nothing.
+	Init []string
+	// Settings are server settings (GUC name -> value) applied on every
+	// start as `postgres -c name=value`; a change applies at the next
+	// start. Names are checked by ValidateSetting.
+	Settings map[string]string
+}
+
+// Init script kinds, by how a file's name ends (InitKind).
+const (
+	InitSQL   = ".sql"
+	InitSQLGz = ".sql.gz"
+	InitShell = ".sh"
+)
+
+// InitKind returns the kind of an init script by its name's ending, or ""
+// for a name the official image would ignore (pgwake refuses those rather
+// than skip them silently).
+func InitKind(name string) string {
+	switch {
+	case strings.HasSuffix(name, InitSQLGz):
+		return InitSQLGz
+	case strings.HasSuffix(name, InitSQL):
+		return InitSQL
+	case strings.HasSuffix(name, InitShell):
+		return InitShell
+	}
+	return ""
+}
+
+// InitError is a project whose init scripts did not complete at its first
+// start: one failed (Script is its name, Message what the server or the
+// script said), or the start was interrupted while they ran. Its data is
+// half-initialised: it is never served, and the scripts never run again.
+type InitError struct {
+	Project string
+	Script  string // the script's own name, "" when unknown
+	Message string
+}
+
+func (e *InitError) Error() string {
+	what := "init scripts did not complete"
+	if e.Script != "" {
+		what = fmt.Sprintf("init script %s failed", e.Script)
+	}
+	msg := e.Message
+	if msg == "" {
+		msg = "(no output recorded)"
+	}
+	return fmt.Sprintf("%s at the first start: %s; the half-initialised data is not served and init does not run again: "+
+		"`pgwake rm --volumes %s`, then create it again", what, msg, e.Project)
+}
+
+// Is makes errors.Is(err, ErrInitFailed) match any InitError.
+func (e *InitError) Is(target error) bool { return target == ErrInitFailed }
+
+// ErrInitFailed matches every *InitError.
+var ErrInitFailed = errors.New("init scripts failed")
+
+// InitChecker is implemented by backends that run init scripts: it reports
+// a project's recorded init failure (an *InitError), or nil when its init
+// completed, has not run yet, or the project has none. It does not start
+// anything.
+type InitChecker interface {
+	InitFailure(ctx context.Context, spec Spec) error
+}
+
+// settingName is a GUC name as postgres -c accepts it: an identifier, or a
+// custom class's dotted name (pg_stat_statements.max).
+var settingName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)*$`)
+
+// managedSettings are settings pgwake itself sets for the server to be
+// reachable where it dials and stores it: overriding them would lose it.
+var managedSettings = map[string]bool{
+	"port": true, "listen_addresses": true, "unix_socket_directories": true,
+	"data_directory": true, "config_file": true, "hba_file": true, "ident_file": true,
+}
+
+// ValidateSetting checks a server setting's name (postgres checks its
+// value when the server starts). Names are case-insensitive in Postgres;
+// callers store them lower-cased.
+func ValidateSetting(name string) error {
+	if !settingName.MatchString(name) {
+		return fmt.Errorf("setting %q is not a Postgres setting name (letters, digits, _ and $, a dot for an extension's, like work_mem or pg_stat_statements.max)", name)
+	}
+	if managedSettings[strings.ToLower(name)] {
+		return fmt.Errorf("setting %s is managed by pgwake (the server must be reachable where pgwake dials it) and cannot be set", name)
+	}
+	return nil
+}
+
+// SettingArgs returns settings as postgres command-line options, sorted
+// by name: -c name=value ...
+func SettingArgs(settings map[string]string) []string {
+	names := make([]string, 0, len(settings))
+	for k := range settings {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, k := range names {
+		out = append(out, "-c", k+"="+settings[k])
+	}
+	return out
 }
 
 // State is a server's observed state.

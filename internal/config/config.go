@@ -137,6 +137,12 @@ type ProjectConfig struct {
 	SleepMode  string         `yaml:"sleep_mode"`
 	StopAfter  *time.Duration `yaml:"stop_after"` // nil: the default
 	Ephemeral  bool           `yaml:"ephemeral"`
+	// Init are the project's init scripts: `init` names files or folders
+	// (one, or a list), relative to the config file; here each folder is
+	// expanded to its scripts in lexical order (see ExpandInit), absolute.
+	Init []string `yaml:"init"`
+	// Settings are server settings (GUC name -> value) for every start.
+	Settings map[string]string `yaml:"settings"`
 }
 
 // Default returns the built-in defaults.
@@ -488,7 +494,7 @@ func decodeMapping(n *yaml.Node, prefix string, cfg *Config, file string) error 
 		name := prefix + k.Value
 		switch {
 		case name == "projects":
-			ps, err := decodeProjects(v)
+			ps, err := decodeProjects(v, file)
 			if err != nil {
 				return err
 			}
@@ -526,7 +532,7 @@ func isSection(name string) bool {
 	return false
 }
 
-func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
+func decodeProjects(n *yaml.Node, file string) ([]ProjectConfig, error) {
 	if n.Kind != yaml.SequenceNode {
 		return nil, fmt.Errorf("line %d: projects must be a list", n.Line)
 	}
@@ -538,6 +544,22 @@ func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
 		var pc ProjectConfig
 		for i := 0; i+1 < len(item.Content); i += 2 {
 			k, v := item.Content[i], item.Content[i+1]
+			switch k.Value {
+			case "init":
+				init, err := decodeInit(k, v, file)
+				if err != nil {
+					return nil, err
+				}
+				pc.Init = init
+				continue
+			case "settings":
+				settings, err := decodeSettings(k, v)
+				if err != nil {
+					return nil, err
+				}
+				pc.Settings = settings
+				continue
+			}
 			if v.Kind != yaml.ScalarNode {
 				return nil, fmt.Errorf("line %d: projects: %s must be a single value", k.Line, k.Value)
 			}
@@ -571,6 +593,125 @@ func decodeProjects(n *yaml.Node) ([]ProjectConfig, error) {
 			}
 		}
 		out = append(out, pc)
+	}
+	return out, nil
+}
+
+// decodeInit reads a project's `init`: a path or a list of paths, relative
+// to the config file's folder, each expanded by ExpandInit.
+func decodeInit(k, v *yaml.Node, file string) ([]string, error) {
+	var paths []string
+	switch v.Kind {
+	case yaml.ScalarNode:
+		paths = []string{v.Value}
+	case yaml.SequenceNode:
+		for _, e := range v.Content {
+			if e.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("line %d: projects: init must be a path or a list of paths", e.Line)
+			}
+			paths = append(paths, e.Value)
+		}
+	default:
+		return nil, fmt.Errorf("line %d: projects: init must be a path or a list of paths", k.Line)
+	}
+	base := filepath.Dir(file)
+	for i, p := range paths {
+		if p == "" {
+			return nil, fmt.Errorf("line %d: projects: init: an empty path", k.Line)
+		}
+		if !filepath.IsAbs(p) {
+			paths[i] = filepath.Join(base, p)
+		}
+	}
+	out, err := ExpandInit(paths)
+	if err != nil {
+		return nil, fmt.Errorf("line %d: projects: %w", k.Line, err)
+	}
+	return out, nil
+}
+
+// decodeSettings reads a project's `settings`: a mapping of setting names
+// to scalar values, taken as Postgres reads them (256MB, on, 4).
+func decodeSettings(k, v *yaml.Node) (map[string]string, error) {
+	if v.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: projects: settings must be a mapping (name: value)", k.Line)
+	}
+	out := map[string]string{}
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		sk, sv := v.Content[i], v.Content[i+1]
+		if sv.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("line %d: projects: settings: %s must be a single value", sk.Line, sk.Value)
+		}
+		name, err := SettingName(sk.Value)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: projects: settings: %w", sk.Line, err)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("line %d: projects: settings: %s is set twice", sk.Line, name)
+		}
+		out[name] = sv.Value
+	}
+	return out, nil
+}
+
+// SettingName checks a server setting's name and returns it as Postgres
+// knows it (names are case-insensitive: lower case).
+func SettingName(name string) (string, error) {
+	if err := backend.ValidateSetting(name); err != nil {
+		return "", err
+	}
+	return strings.ToLower(name), nil
+}
+
+// ExpandInit turns init paths (files or folders, absolute or relative to
+// the working directory) into the scripts they name, in order, absolute: a
+// folder gives its .sql, .sql.gz and .sh files in lexical order (other
+// files and subfolders are ignored, as the official image ignores them);
+// a file must be one of those kinds. Each error is one line naming the
+// path.
+func ExpandInit(paths []string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, fmt.Errorf("init %s: %w", p, err)
+		}
+		fi, err := os.Stat(abs)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("init %s: no such file or folder", p)
+			}
+			return nil, fmt.Errorf("init %s: %w", p, err)
+		}
+		if !fi.IsDir() {
+			if backend.InitKind(abs) == "" {
+				return nil, fmt.Errorf("init %s: not a .sql, .sql.gz or .sh file", p)
+			}
+			if !fi.Mode().IsRegular() {
+				return nil, fmt.Errorf("init %s: not a regular file", p)
+			}
+			out = append(out, abs)
+			continue
+		}
+		entries, err := os.ReadDir(abs) // sorted by name
+		if err != nil {
+			return nil, fmt.Errorf("init %s: %w", p, err)
+		}
+		n := 0
+		for _, e := range entries {
+			if backend.InitKind(e.Name()) == "" {
+				continue
+			}
+			full := filepath.Join(abs, e.Name())
+			if fi, err := os.Stat(full); err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			out = append(out, full)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("init %s: the folder holds no .sql, .sql.gz or .sh file", p)
+		}
 	}
 	return out, nil
 }

@@ -55,6 +55,12 @@ func (d *Daemon) branchSource(ctx context.Context, req admin.CreateRequest) (sta
 	if req.Image != "" && req.Image != s.Image {
 		return state.Project{}, admin.Invalid(fmt.Errorf("a branch runs its source's image (%s), not %s: its data is that server's", s.Image, req.Image))
 	}
+	if len(req.Init) > 0 {
+		return state.Project{}, admin.Invalid(errors.New("a branch's data is its source's: init scripts do not run on it"))
+	}
+	if s.InitError != "" {
+		return state.Project{}, admin.Conflict(fmt.Errorf("project %q failed its init scripts; its data is half-initialised and not copied", s.Name))
+	}
 	if _, err := d.brancherOf(ctx, s); err != nil {
 		return state.Project{}, err
 	}

@@ -196,7 +196,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 	d.srv, err = proxy.New(proxy.Options{
 		Cancels:    cancels,
 		OnChange:   d.hub.changed,
-		OnWake:     d.metrics.ObserveWake,
+		OnWake:     d.onWake,
 		OnConnDone: d.metrics.ConnDone,
 		OnRefused: func(project, code string) {
 			_, err := d.store.Get(project)
@@ -218,6 +218,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return nil, err
 	}
 	d.cleanups = append(d.cleanups, d.srv.Close)
+	if err := d.syncDeclaredSettings(); err != nil {
+		return nil, err
+	}
 	for _, p := range d.store.Projects() {
 		if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
 			return nil, err
@@ -506,7 +509,8 @@ func (d *Daemon) backendOf(p state.Project) *lazyBackend {
 }
 
 func spec(p state.Project) backend.Spec {
-	return backend.Spec{Name: p.Name, Image: p.Image, User: p.User, Password: p.Password, Database: p.Database, Adopted: p.Adopted}
+	return backend.Spec{Name: p.Name, Image: p.Image, User: p.User, Password: p.Password, Database: p.Database, Adopted: p.Adopted,
+		Init: p.Init, Settings: p.Settings}
 }
 
 func (d *Daemon) proxyProject(p state.Project) proxy.Project {
@@ -580,6 +584,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 		StopAfterMS: d.stopAfter(p).Milliseconds(), Pinned: p.Pinned, URL: d.URL(p), SharedURL: d.sharedURL(p), User: p.User, Database: p.Database,
 		CreatedAt: p.CreatedAt, State: string(proxy.StateSleeping), Ephemeral: p.Ephemeral, Backend: p.Backend,
 		Adopted: p.Adopted, Parent: p.Parent, BranchedAt: p.BranchedAt,
+		Settings: p.Settings, Init: initNames(p.Init), InitError: p.InitError,
 	}
 	out.Port, out.PortError = d.portOf(p)
 	st, err := d.srv.ProjectStatus(p.Name)
@@ -608,6 +613,13 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	}
 	if out.State == string(proxy.StateSleeping) && !st.RetryAt.IsZero() {
 		out.State = "error" // backing off after failed wakes
+	}
+	if p.InitError != "" && out.State == string(proxy.StateSleeping) {
+		// Never served again (also after a restart, before any wake).
+		out.State = "error"
+		if out.LastError == "" {
+			out.LastError = p.InitError
+		}
 	}
 	return out
 }
@@ -677,6 +689,14 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	}
 	if err := d.checkPort(req.Port, req.PortOutsideRange); err != nil {
 		return admin.Project{}, admin.Invalid(err)
+	}
+	settings, err := checkInitRequest(req, be.Name())
+	if err != nil {
+		return admin.Project{}, admin.Invalid(err)
+	}
+	p.Settings = settings
+	if src != nil && len(p.Settings) == 0 {
+		p.Settings = src.Settings // its server as its source's, unless told
 	}
 	if req.NoPort {
 		if req.Port != 0 {
@@ -755,15 +775,33 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if err != nil {
 		return admin.Project{}, admin.Conflict(err)
 	}
+	if !keptData {
+		if p.Init, err = d.writeInit(p.Name, req.Init); err != nil {
+			if ln != nil {
+				ln.Close()
+			}
+			return admin.Project{}, err
+		}
+	}
 
 	p, reused, err := d.store.Add(p)
 	if err != nil {
 		if ln != nil {
 			ln.Close()
 		}
+		d.removeInit(p.Name)
 		return admin.Project{}, apiErr(err)
 	}
 	reused = reused || keptData
+	if reused && len(req.Init) > 0 {
+		// Like the official image: init scripts run on new data only.
+		d.log.Warn("init scripts not run: the project reuses data kept by `pgwake rm` (pgwake rm --volumes first for new data)", "project", p.Name)
+		p.Init = nil
+		d.removeInit(p.Name)
+		if err := d.store.Update(p.Name, func(sp *state.Project) { sp.Init = nil }); err != nil {
+			d.log.Warn("forget the init scripts", "project", p.Name, "err", err)
+		}
+	}
 	// Data that exists before Ensure is never removed by a rollback: kept
 	// data this project reuses, or a server of this instance already there
 	// (what the backend cannot tell us about, it keeps).
@@ -789,6 +827,7 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		if err := d.store.Remove(p.Name, reused); err != nil {
 			d.log.Error("create failed; removing it from the state", "project", p.Name, "err", err)
 		}
+		d.removeInit(p.Name)
 	}
 	if src != nil && reused {
 		err := fmt.Errorf("data of an earlier project %q is kept (rm without --volumes): a branch needs a name without data; `pgwake create %s` reuses it, or choose another name", p.Name, p.Name)
@@ -817,7 +856,8 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		d.addProjectPort(p.Name, ln)
 	}
 	d.log.Info("project created", "project", p.Name, "backend", p.Backend, "image", p.Image,
-		"sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode, "stop_after", p.StopAfter, "reused_data", reused)
+		"sleep_after", p.SleepAfter, "sleep_mode", p.SleepMode, "stop_after", p.StopAfter, "reused_data", reused,
+		"init", len(p.Init), "settings", fmtSettings(p.Settings))
 	return d.apiProject(p), nil
 }
 
@@ -849,6 +889,7 @@ func (d *Daemon) Remove(ctx context.Context, name string, volumes bool) error {
 	if err := d.store.Remove(name, !volumes && p.Adopted == ""); err != nil {
 		return apiErr(err)
 	}
+	d.removeInit(name)
 	d.log.Info("project removed", "project", name, "volumes", volumes, "adopted", p.Adopted)
 	return nil
 }
@@ -925,6 +966,7 @@ func (d *Daemon) removeOnShutdown(ctx context.Context, all bool) error {
 			errs = append(errs, err)
 			continue
 		}
+		d.removeInit(p.Name)
 		d.log.Info("project removed with its data", "project", p.Name, "ephemeral", p.Ephemeral)
 	}
 	if !all {
@@ -963,7 +1005,13 @@ func (d *Daemon) createDeclared(ctx context.Context) error {
 		if _, err := d.store.Get(pc.Name); err == nil {
 			continue
 		}
-		_, err := d.Create(ctx, DeclaredRequest(pc))
+		req := DeclaredRequest(pc)
+		init, err := declaredInit(pc)
+		if err != nil {
+			return fmt.Errorf("declared project %q: %w", pc.Name, err)
+		}
+		req.Init = init
+		_, err = d.Create(ctx, req)
 		if errors.Is(err, state.ErrExists) {
 			continue // created meanwhile (an `up -d` run again)
 		}
@@ -986,6 +1034,7 @@ func DeclaredRequest(pc config.ProjectConfig) admin.CreateRequest {
 	if pc.Ephemeral {
 		req.Ephemeral = &pc.Ephemeral
 	}
+	req.Settings = pc.Settings
 	return req
 }
 

@@ -46,6 +46,7 @@ var (
 	_ backend.Sweeper        = (*lazyBackend)(nil)
 	_ backend.PauseSupporter = (*lazyBackend)(nil)
 	_ backend.Initializer    = (*lazyBackend)(nil)
+	_ backend.InitChecker    = (*lazyBackend)(nil)
 	_ backend.Describer      = (*lazyBackend)(nil)
 	_ backend.Phaser         = (*lazyBackend)(nil)
 	_ backend.Shared         = (*lazyBackend)(nil)
@@ -297,6 +298,19 @@ func (l *lazyBackend) SupportsPause() bool {
 func (l *lazyBackend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
 	be, err := l.get(ctx)
 	return err == nil && backend.WillInitialize(ctx, be, spec)
+}
+
+// InitFailure implements backend.InitChecker; a backend that is not
+// connected, or runs no init scripts, reports none.
+func (l *lazyBackend) InitFailure(ctx context.Context, spec backend.Spec) error {
+	be, err := l.get(ctx)
+	if err != nil {
+		return nil
+	}
+	if ic, ok := be.(backend.InitChecker); ok {
+		return ic.InitFailure(ctx, spec)
+	}
+	return nil
 }
 
 // RemoveAll implements backend.Sweeper; a backend that cannot sweep has

@@ -73,6 +73,8 @@ type Backend struct {
 	// proxy can dial its own address and skip Docker's userland port proxy
 	// (a copy through one more process on every packet).
 	localIPs map[netip.Addr]bool
+
+	init initState // what each container's init markers said
 }
 
 var (
@@ -82,6 +84,7 @@ var (
 	_ backend.Sweeper     = (*Backend)(nil)
 	_ backend.Checker     = (*Backend)(nil)
 	_ backend.Initializer = (*Backend)(nil)
+	_ backend.InitChecker = (*Backend)(nil)
 )
 
 // ErrEngineUnreachable is returned by New when no Docker engine answers,
@@ -236,6 +239,17 @@ func specHash(spec backend.Spec) string {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
+	// Settings become the container's command. Without any the hash is
+	// what it was before settings existed, so containers made then stay.
+	// Init is not hashed: it runs once, and changing it later changes
+	// nothing.
+	if len(spec.Settings) > 0 {
+		h.Write([]byte("settings\x00"))
+		for _, a := range backend.SettingArgs(spec.Settings) {
+			h.Write([]byte(a))
+			h.Write([]byte{0})
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -315,10 +329,10 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) (string, error)
 	if err != nil {
 		return "", err
 	}
-	var imgEnv []string
+	var imgEnv, imgCmd []string
 	var imgVolumes map[string]struct{}
 	if cfg := img.Config; cfg != nil {
-		imgEnv, imgVolumes = cfg.Env, cfg.Volumes
+		imgEnv, imgVolumes, imgCmd = cfg.Env, cfg.Volumes, cfg.Cmd
 	}
 	target := dataMountTarget(imgEnv, imgVolumes)
 
@@ -333,11 +347,26 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) (string, error)
 	if made {
 		clabels[LabelNewData] = "true"
 	}
+	if len(spec.Init) > 0 {
+		clabels[LabelInit] = "true"
+	}
+	// Settings go on the image's own command (postgres, for the official
+	// image, whose entrypoint passes -c options on to the server, its
+	// temporary initdb server included).
+	var cmd []string
+	if len(spec.Settings) > 0 {
+		cmd = append(cmd, imgCmd...)
+		if len(cmd) == 0 {
+			cmd = []string{"postgres"}
+		}
+		cmd = append(cmd, backend.SettingArgs(spec.Settings)...)
+	}
 	timeout := stopTimeout
 	res, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: b.ContainerName(spec.Name),
 		Config: &container.Config{
 			Image: spec.Image,
+			Cmd:   cmd,
 			Env: []string{
 				"POSTGRES_PASSWORD=" + spec.Password,
 				"POSTGRES_USER=" + spec.User,
@@ -358,8 +387,17 @@ func (b *Backend) create(ctx context.Context, spec backend.Spec) (string, error)
 			Mounts:       []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: target}},
 		},
 	})
-	if err != nil {
+	if err == nil && len(spec.Init) > 0 {
+		// Before its first start: the entrypoint looks for them then.
+		if err = b.copyInit(ctx, res.ID, spec); err != nil {
+			if rerr := b.removeContainer(context.WithoutCancel(ctx), res.ID); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	} else if err != nil {
 		err = fmt.Errorf("create container for project %q: %w", spec.Name, err)
+	}
+	if err != nil {
 		if made {
 			err = errors.Join(err, b.rollbackVolume(ctx, vol))
 		}
@@ -523,9 +561,21 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpo
 			return b.endpointAfterStart(ctx, spec, id, "")
 		}
 	}
+	// An init that began on this data and did not complete: refuse to
+	// serve it, before a drifted container (and its log) is replaced.
+	if c != nil && c.Config != nil {
+		if err := b.checkInit(ctx, spec, c.ID, c.Config.Env); err != nil {
+			return backend.Endpoint{}, err
+		}
+	}
 	// Missing, or stopped and drifted: (re)create it on its volume.
 	if c == nil || !b.matches(*c, spec) {
 		if id, err = b.reconcile(ctx, spec, c); err != nil {
+			return backend.Endpoint{}, err
+		}
+		// A new container on data that may exist (a drifted or removed
+		// one's): its markers hold.
+		if err := b.checkInitOf(ctx, spec, id); err != nil {
 			return backend.Endpoint{}, err
 		}
 	}
@@ -761,6 +811,16 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (_ backend.Stat
 	st := b.containerStatus(*c)
 	if st.State == backend.StateRunning && st.Addr == "" {
 		return backend.Status{}, noPortError(b.ContainerName(spec.Name))
+	}
+	if st.State == backend.StateStopped && c.Config != nil && c.Config.Labels[LabelInit] == "true" {
+		// A first start whose init script failed: say which and why (the
+		// caller's wake ends with it) rather than only the exit code.
+		var ie *backend.InitError
+		if err := b.checkInit(ctx, spec, c.ID, c.Config.Env); errors.As(err, &ie) {
+			st.Exit = strings.TrimSpace(fmt.Sprintf("%s: init script %s failed; its data is not served and init does not run again: `pgwake rm --volumes %s`, then create it again",
+				st.Exit, ie.Script, spec.Name))
+			st.Log = ie.Message
+		}
 	}
 	return st, nil
 }

@@ -59,6 +59,7 @@ var (
 	_ backend.Initializer    = (*Backend)(nil)
 	_ backend.Sweeper        = (*Backend)(nil)
 	_ backend.PauseSupporter = (*Backend)(nil)
+	_ backend.InitChecker    = (*Backend)(nil)
 )
 
 // projectMarker is written into every project directory at its first
@@ -402,6 +403,12 @@ func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) (err erro
 			return fmt.Errorf("create database %q: %w", spec.Database, err)
 		}
 	}
+	// With PG_VERSION, atomically: the first start runs them.
+	if len(spec.Init) > 0 {
+		if err := writePending(tmp); err != nil {
+			return err
+		}
+	}
 	if err := os.Rename(tmp, data); err != nil {
 		return fmt.Errorf("initdb for project %q: %w", spec.Name, err)
 	}
@@ -676,10 +683,11 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 }
 
 // WillInitialize implements backend.Initializer: a data directory without
-// PG_VERSION is initialised by the next start.
+// PG_VERSION is initialised by the next start, and one with init scripts
+// pending gets them run.
 func (b *Backend) WillInitialize(_ context.Context, spec backend.Spec) bool {
 	_, err := os.Stat(filepath.Join(b.dataDir(spec.Name), "PG_VERSION"))
-	return err != nil
+	return err != nil || b.initPending(spec.Name)
 }
 
 // Start implements backend.Backend: it starts the postmaster and returns
@@ -694,6 +702,15 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 	if err := b.ensureLocked(ctx, spec); err != nil {
 		return backend.Endpoint{}, err
 	}
+	if err := b.initFailure(spec.Name); err != nil {
+		// Half-initialised data is never served. A server that runs on it
+		// is the socket-only one of an init that a crash of pgwake
+		// interrupted: stop it.
+		if serr := b.stopLocked(ctx, spec.Name); serr != nil {
+			b.log.Warn("stop a server of half-initialised data", "project", spec.Name, "err", serr)
+		}
+		return backend.Endpoint{}, err
+	}
 	if pf, pm := b.postmaster(spec.Name); pm == pmLive {
 		return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 	}
@@ -701,7 +718,14 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 	if err != nil {
 		return backend.Endpoint{}, err
 	}
-	c, err := b.launch(spec.Name, port)
+	if b.initPending(spec.Name) {
+		first = true
+		if err := b.runInitLocked(ctx, spec, port); err != nil {
+			return backend.Endpoint{}, err
+		}
+	}
+	c, err := b.launchArgs(spec.Name, append([]string{"-p", strconv.Itoa(port), "-k", b.sockDir(spec.Name)},
+		backend.SettingArgs(spec.Settings)...))
 	if err != nil {
 		return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
 	}
@@ -712,12 +736,12 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 	return backend.Endpoint{Addr: pf.addr(), ID: pf.id(), First: first}, nil
 }
 
-// launch starts the project's postmaster as a child of this process, in a
+// launchArgs starts the project's postmaster with args after -D as a child of this process, in a
 // session of its own (a Ctrl-C meant for pgwake does not reach it), its
 // output appended to the project's log, as pg_ctl start would. Through
 // pg_ctl the postmaster's pid and exit status would be lost: a server that
 // died while booting could not be told from one not yet booted.
-func (b *Backend) launch(project string, port int) (*child, error) {
+func (b *Backend) launchArgs(project string, args []string) (*child, error) {
 	logf := b.LogFile(project)
 	f, err := os.OpenFile(logf, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -733,8 +757,7 @@ func (b *Backend) launch(project string, port int) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(b.bin, "postgres"),
-		"-D", b.dataDir(project), "-p", strconv.Itoa(port), "-k", b.sockDir(project))
+	cmd := exec.Command(filepath.Join(b.bin, "postgres"), append([]string{"-D", b.dataDir(project)}, args...)...)
 	cmd.Env = b.env()
 	cmd.Dir = b.dir(project)
 	cmd.Stdout, cmd.Stderr = f, f

@@ -52,6 +52,16 @@ type Project struct {
 	// within the copy's few seconds).
 	Parent     string    `json:"parent,omitempty"`
 	BranchedAt time.Time `json:"branched_at,omitzero"`
+	// Settings are server settings (lower-case GUC name -> value) applied
+	// at every start of its server.
+	Settings map[string]string `json:"settings,omitempty"`
+	// Init are the project's init scripts, in order: absolute paths of
+	// pgwake's own copies, taken at create (the originals may change or
+	// go), that run once at the first start of new data.
+	Init []string `json:"init,omitempty"`
+	// InitError is the recorded failure of the init scripts at the first
+	// start (the data is not served; see backend.InitError).
+	InitError string `json:"init_error,omitempty"`
 }
 
 type file struct {

@@ -7,9 +7,14 @@
 #   POSTGRES_PASSWORD (required unless POSTGRES_HOST_AUTH_METHOD=trust),
 #   POSTGRES_USER (default postgres), POSTGRES_DB (default $POSTGRES_USER),
 #   POSTGRES_INITDB_ARGS, POSTGRES_HOST_AUTH_METHOD, the *_FILE variants,
-#   /docker-entrypoint-initdb.d/*.sql and *.sh, and "postgres" ending up as
-#   PID 1 so that docker stop's signal reaches it directly.
+#   /docker-entrypoint-initdb.d/*.sql, *.sql.gz and *.sh (executed when
+#   executable, sourced otherwise) in lexical order while PGDATA is empty,
+#   the server's options (postgres -c name=value) also for the temporary
+#   server those run against, and "postgres" ending up as PID 1 so that
+#   docker stop's signal reaches it directly.
 set -eu
+# Like upstream (bash, -o pipefail): a failing gunzip fails its pipeline.
+set -o pipefail
 
 # file_env VAR: allow VAR_FILE (docker secrets) instead of VAR, like upstream.
 file_env() {
@@ -102,8 +107,16 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	printf "\nlisten_addresses = '*'\n" >>"$PGDATA/postgresql.conf"
 
 	# Temporary server on the unix socket only, so nothing can connect over
-	# TCP before initialisation is complete.
-	pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -p ${PGPORT:-5432}" -w start
+	# TCP before initialisation is complete. Like upstream it gets the
+	# server's own options (settings an init script may need, such as
+	# shared_preload_libraries), quoted for the shell pg_ctl runs it with.
+	opts=
+	shift
+	for a in "$@" -c "listen_addresses=" -p "${PGPORT:-5432}"; do
+		opts="$opts'$(printf '%s' "$a" | sed "s/'/'\\\\''/g")' "
+	done
+	set -- postgres "$@"
+	pg_ctl -D "$PGDATA" -o "$opts" -w start
 
 	psql_run() {
 		psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --no-password --no-psqlrc "$@"
@@ -116,8 +129,17 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	fi
 	for f in /docker-entrypoint-initdb.d/*; do
 		case "$f" in
+		*.sh)
+			if [ -x "$f" ]; then
+				echo "$0: running $f"
+				"$f"
+			else
+				echo "$0: sourcing $f"
+				. "$f"
+			fi
+			;;
 		*.sql) echo "$0: running $f"; psql_run --dbname "$POSTGRES_DB" -f "$f" ;;
-		*.sh) echo "$0: running $f"; . "$f" ;;
+		*.sql.gz) echo "$0: running $f"; gunzip -c "$f" | psql_run --dbname "$POSTGRES_DB" ;;
 		*) if [ -e "$f" ]; then echo "$0: ignoring $f"; fi ;;
 		esac
 	done
