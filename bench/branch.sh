@@ -229,7 +229,7 @@ phases() {
 			out = sprintf("%.1f s until the copy starts", cs - s)
 			if (stop) out = out sprintf(" (of which %.1f s stopping the server)", stop - s)
 			out = out sprintf(", copy %.1f s", cd - cs)
-			if (ss && sd) out = out sprintf(", then the server started and stopped for the password %.1f s", sd - ss)
+			if (ss && sd) out = out sprintf(", %.1f s to the new server'"'"'s start, which with ALTER ROLE for its own password and its stop took %.1f s", ss - cd, sd - ss)
 			out = out sprintf(", %.1f s to the end", e - (sd ? sd : cd))
 			print out
 		}' "$work/events.log"
@@ -300,6 +300,22 @@ timed() { # OP CMD...: runs CMD, adds its seconds to T[OP]
 	T[$op]+="$LAST "
 }
 
+# copy_timed OP CMD...: timed, for an operation that writes a copy: the
+# page cache is flushed first (sync, not timed) so no earlier copy's
+# writeback lands in this one's time, and the sync after it is timed on its
+# own (T[OP_sync]): cp returns with its copy in the page cache, while
+# pg_basebackup, and Postgres for its WAL, fsync before they return.
+copy_timed() {
+	local op="$1" l s e
+	sync
+	timed "$@"
+	l="$LAST" s="$LAST_S" e="$LAST_E"
+	timed "${op}_sync" sync
+	LAST_SYNC="$LAST"
+	T[${op}_total]+="$(awk -v a="$l" -v b="$LAST" 'BEGIN{printf "%.2f", a+b}') "
+	LAST="$l" LAST_S="$s" LAST_E="$e"
+}
+
 create_db() { # STRATEGY
 	local i
 	for i in $(seq 100); do
@@ -341,30 +357,36 @@ for r in $(seq "$ROUNDS"); do
 	for st in wal_log file_copy; do
 		op=template_wal
 		[[ $st == file_copy ]] && op=template_copy
-		timed "$op" create_db "$st"
+		copy_timed "$op" create_db "$st"
 		check_count "$(direct_url "$SRC" bench_copy)" "CREATE DATABASE strategy $st"
 		q "$POSTGRES_URL" "drop database bench_copy"
-		log "  CREATE DATABASE TEMPLATE strategy $st: ${LAST}s"
+		log "  CREATE DATABASE TEMPLATE strategy $st: ${LAST}s (then sync ${LAST_SYNC}s)"
 	done
 
 	# pg_dump -Fc | pg_restore into a fresh project (its initdb before the clock).
 	"$PGWAKE" create "dump$r" --sleep-after 0 >/dev/null 2>"$work/create.err" || { cat "$work/create.err" >&2; die "create dump$r"; }
 	"$PGWAKE" wake "dump$r" >/dev/null 2>&1
 	DUMP_DIRECT="$(direct_url "dump$r")"
-	timed dump dump_restore
-	log "  pg_dump -Fc | pg_restore into a new project: ${LAST}s"
+	copy_timed dump dump_restore
+	log "  pg_dump -Fc | pg_restore into a new project: ${LAST}s (then sync ${LAST_SYNC}s)"
 	check_count "$(url_of "dump$r")" "pg_restore"
 	"$PGWAKE" rm "dump$r" --volumes >/dev/null 2>&1
 
 	# Branch of a sleeping source.
 	sleep_project "$SRC"
-	timed branch_sleeping branch "bs$r"
+	copy_timed branch_sleeping branch "bs$r"
 	PH[branch_sleeping]="$(phases "$LAST_S" "$LAST_E")"
-	log "  branch of the sleeping source: ${LAST}s (${PH[branch_sleeping]})"
+	log "  branch of the sleeping source: ${LAST}s, then sync ${LAST_SYNC}s (${PH[branch_sleeping]})"
 	st="$(state_of "$SRC")"
 	[[ "$st" == sleeping ]] || die "$SRC is $st after a branch of it asleep"
 	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the branch of it asleep"
 	SRC_ASLEEP_OK=$((SRC_ASLEEP_OK + 1))
+	if ((r == 1)); then
+		# What a copy of the stopped files copies.
+		DU="$(docker run --rm --entrypoint sh -v "$(container_of "$SRC")-data:/v:ro" "$IMAGE" -c \
+			'cd /v && printf "%s MB in all: base (the databases) %s MB, pg_wal %s MB" "$(du -sm . | cut -f1)" "$(du -sm base | cut -f1)" "$(du -sm pg_wal | cut -f1)"' 2>&1)" || DU="n/a"
+		log "  $SRC's stopped data directory: $DU"
+	fi
 	BURL="$(url_of "bs$r")"
 	timed branch_first q "$BURL" "select 1" >/dev/null
 	log "  its first query (the branch's first wake, select 1): ${LAST}s"
@@ -374,11 +396,11 @@ for r in $(seq "$ROUNDS"); do
 	"$PGWAKE" rm "bs$r" --volumes >/dev/null 2>&1
 
 	# Snapshot of the sleeping source, to reset to below.
-	timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err"
+	copy_timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err"
 	PH[snapshot]="$(phases "$LAST_S" "$LAST_E")"
 	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the snapshot of it asleep"
 	SNAP_SIZE="$(grep -o '([^)]*)' "$work/snapshot.err" | tail -n1 | tr -d '()')"
-	log "  snapshot of the sleeping source: ${LAST}s ($SNAP_SIZE; ${PH[snapshot]})"
+	log "  snapshot of the sleeping source: ${LAST}s, then sync ${LAST_SYNC}s ($SNAP_SIZE; ${PH[snapshot]})"
 	timed snapshots "$PGWAKE" snapshots "$SRC" >"$work/snapshots.out"
 	grep -q "^r$r " "$work/snapshots.out" || { cat "$work/snapshots.out" >&2; die "pgwake snapshots $SRC does not list r$r"; }
 	log "  pgwake snapshots $SRC (the list): ${LAST}s"
@@ -400,10 +422,10 @@ for r in $(seq "$ROUNDS"); do
 	load_pid=$!
 	load_start_t="$(now)"
 	sleep "$BUSY_BEFORE"
-	timed branch_busy branch "bb$r"
+	copy_timed branch_busy branch "bb$r"
 	PH[branch_busy]="$(phases "$LAST_S" "$LAST_E")"
 	busy_s="$LAST_S" busy_e="$LAST_E"
-	log "  branch of the busy source: ${LAST}s (${PH[branch_busy]})"
+	log "  branch of the busy source: ${LAST}s, then sync ${LAST_SYNC}s (${PH[branch_busy]})"
 	wait "$load_pid" || { cat "$work/busy$r.err" >&2; die "pgbench on the busy source failed"; }
 	load_pid=""
 	if awk -v e="$busy_e" -v s="$load_start_t" -v t="$busy_t" 'BEGIN{exit !(e > s + t)}'; then
@@ -435,13 +457,13 @@ for r in $(seq "$ROUNDS"); do
 
 	# Reset of the source (awake after its pgbench, no client) to r$r.
 	wait_idle "$SRC"
-	timed reset "$PGWAKE" reset "$SRC" "r$r" 2>"$work/reset.err" || { cat "$work/reset.err" >&2; die "reset failed"; }
+	copy_timed reset "$PGWAKE" reset "$SRC" "r$r" 2>"$work/reset.err" || { cat "$work/reset.err" >&2; die "reset failed"; }
 	PH[reset]="$(phases "$LAST_S" "$LAST_E")"
 	RESET_TOOK="$(grep 'msg="project reset"' "$PGWAKE_STATE_DIR/pgwake.log" | tail -n1 | grep -o 'took=[^ ]*' | cut -d= -f2)"
 	hold_at="$(grep "why=\"reset to snapshot r$r\"" "$PGWAKE_STATE_DIR/pgwake.log" | grep -m1 'holding project asleep' | sed 's/^time=\([^ ]*\) .*/\1/')"
 	hold_in="$(awk -v h="$(date -d "$hold_at" +%s.%N)" -v s="$LAST_S" 'BEGIN{printf "%.1f", h - s}')"
 	PH[reset]+="; pgwake's log: the reset took $RESET_TOOK from holding the project, which began ${hold_in} s after the command started (the daemon first lists the snapshots)"
-	log "  reset of the (awake, idle) source: ${LAST}s (${PH[reset]})"
+	log "  reset of the (awake, idle) source: ${LAST}s, then sync ${LAST_SYNC}s (${PH[reset]})"
 	timed reset_first q "$URL" "select 1" >/dev/null
 	read -r -a got <<<"$(q "$URL" "$STATS")"
 	[[ "${got[*]}" == "${want[*]}" ]] || die "reset: $SRC has (${got[*]}), the snapshot had (${want[*]})"
@@ -476,9 +498,13 @@ report="$work/results-branch.md"
 	echo "- data: pgbench -i -s $SCALE (took ${init_secs}s): database $DB is $db_size (pg_database_size $db_bytes bytes; all databases of the server $cluster_size), $ROWS rows in pgbench_accounts; Postgres $pgversion ($IMAGE)"
 	echo "- $rounds_done round(s) of $ROUNDS in ${bench_secs}s$( ((rounds_done < ROUNDS)) && echo " (the first round showed that $ROUNDS would take the run past its budget of ${BUDGET}s)"), every operation once per round, interleaved; the whole script took $(since "$script_start")s; seconds are wall clock (date +%s.%N) around the command"
 	echo
-	echo "| operation | median s | values s | pg_dump\\|pg_restore / this |"
-	echo "|:--|---:|:--|---:|"
-	row() { echo "| $1 | $(fmt1 "$(m "$2")") | $(vals "$2") | $(ratio "$dump_m" "$(m "$2")") |"; }
+	echo "| operation | median s | values s | pg_dump\\|pg_restore / this | then \`sync\`: median s (values) |"
+	echo "|:--|---:|:--|---:|:--|"
+	row() {
+		local sy=""
+		[[ -n "${T[${2}_sync]:-}" ]] && sy="$(fmt1 "$(m "${2}_sync")") ($(vals "${2}_sync"))"
+		echo "| $1 | $(fmt1 "$(m "$2")") | $(vals "$2") | $(ratio "$dump_m" "$(m "$2")") | $sy |"
+	}
 	row "\`pgwake branch\` of a sleeping source (file copy; source stays asleep)" branch_sleeping
 	row "&nbsp;&nbsp;then the branch's first query (its first wake, select 1)" branch_first
 	row "\`pgwake branch\` of a busy source (pg_basebackup under pgbench -c $BUSY_CLIENTS)" branch_busy
@@ -494,6 +520,9 @@ report="$work/results-branch.md"
 	worst="$(printf '%s\n' "$bs" "$bb" "$rs" | sort -g | tail -n1)"
 	least="$(printf '%s\n' "$(ratio "$dump_m" "$bs")" "$(ratio "$dump_m" "$bb")" "$(ratio "$dump_m" "$rs")" | sort -g | head -n1)"
 	echo "Ratios (median pg_dump|pg_restore / median): branch of a sleeping source **$(ratio "$dump_m" "$bs")x**, branch of a busy source **$(ratio "$dump_m" "$bb")x**, reset **$(ratio "$dump_m" "$rs")x**."
+	echo
+	dt="$(m dump_total)"
+	echo "The same with the \`sync\` after each counted (until the copy is on disk; medians of the per-round sums, pg_dump|pg_restore $(fmt1 "$dt") s): branch of a sleeping source $(ratio "$dt" "$(m branch_sleeping_total)")x ($(fmt1 "$(m branch_sleeping_total)") s), branch of a busy source $(ratio "$dt" "$(m branch_busy_total)")x ($(fmt1 "$(m branch_busy_total)") s), reset $(ratio "$dt" "$(m reset_total)")x ($(fmt1 "$(m reset_total)") s)."
 	echo
 	echo "Targets: branch and reset of 1 GB well under 20 s: $(yes_no "$worst" "<" 20) (slowest median ${worst} s); at least 5x faster than pg_dump | pg_restore: $(yes_no "$least" ">=" 5) (lowest ratio ${least}x)."
 	echo
