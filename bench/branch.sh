@@ -244,6 +244,10 @@ started_in() {
 
 log "building pgwake"
 (cd "$root" && go build -o "$PGWAKE" ./cmd/pgwake)
+# The commit the binary was built from (the tree may move on during the run).
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+dirty="$(git -C "$root" status --porcelain -- . ':!bench' 2>/dev/null | awk '{print $2}' | tr '\n' ' ')"
+[[ -n "$dirty" ]] && commit+=" (built with uncommitted changes outside bench/ in: ${dirty% })"
 
 if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
 	log "building $IMAGE"
@@ -286,15 +290,17 @@ declare -A PH   # operation -> phases of the last round
 BUSY_ERR=0 BUSY_TX="" BUSY_BEFORE_TPS="" BUSY_DURING_TPS="" BUSY_NOTES=""
 SRC_ASLEEP_OK=0
 load_start="$(loadavg)"
+LOADS=""
 rounds_done=0
 bench_start="$(now)"
 
-timed() { # OP CMD...: runs CMD, adds its seconds to T[OP]
-	local op="$1" s e
+timed() { # OP CMD...: runs CMD, adds its seconds to T[OP]; CMD's status
+	local op="$1" s e rc=0
 	shift
 	s="$(now)"
-	"$@"
+	"$@" || rc=$?
 	e="$(now)"
+	((rc == 0)) || return "$rc"
 	LAST_S="$s" LAST_E="$e"
 	LAST="$(awk -v a="$s" -v b="$e" 'BEGIN{printf "%.2f", b-a}')"
 	T[$op]+="$LAST "
@@ -308,7 +314,7 @@ timed() { # OP CMD...: runs CMD, adds its seconds to T[OP]
 copy_timed() {
 	local op="$1" l s e
 	sync
-	timed "$@"
+	timed "$@" || return
 	l="$LAST" s="$LAST_S" e="$LAST_E"
 	timed "${op}_sync" sync
 	LAST_SYNC="$LAST"
@@ -346,6 +352,7 @@ for r in $(seq "$ROUNDS"); do
 		fi
 	fi
 	round_start="$(now)"
+	LOADS+="$(cut -d' ' -f1 /proc/loadavg) "
 	log "round $r (load $(loadavg))"
 	"$PGWAKE" wake "$SRC" >/dev/null 2>&1
 	read -r -a want <<<"$(q "$URL" "$STATS")"
@@ -396,24 +403,24 @@ for r in $(seq "$ROUNDS"); do
 	"$PGWAKE" rm "bs$r" --volumes >/dev/null 2>&1
 
 	# Snapshot of the sleeping source, to reset to below.
-	copy_timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err"
+	copy_timed snapshot "$PGWAKE" snapshot "$SRC" "r$r" >/dev/null 2>"$work/snapshot.err" ||
+		{ cat "$work/snapshot.err" >&2; die "pgwake snapshot $SRC r$r failed"; }
 	PH[snapshot]="$(phases "$LAST_S" "$LAST_E")"
 	started_in "$LAST_S" "$LAST_E" "$(container_of "$SRC")" && die "$SRC's server was started during the snapshot of it asleep"
 	SNAP_SIZE="$(grep -o '([^)]*)' "$work/snapshot.err" | tail -n1 | tr -d '()')"
 	log "  snapshot of the sleeping source: ${LAST}s, then sync ${LAST_SYNC}s ($SNAP_SIZE; ${PH[snapshot]})"
-	timed snapshots "$PGWAKE" snapshots "$SRC" >"$work/snapshots.out"
+	timed snapshots "$PGWAKE" snapshots "$SRC" >"$work/snapshots.out" || die "pgwake snapshots $SRC failed"
 	grep -q "^r$r " "$work/snapshots.out" || { cat "$work/snapshots.out" >&2; die "pgwake snapshots $SRC does not list r$r"; }
-	log "  pgwake snapshots $SRC (the list): ${LAST}s"
+	log "  pgwake snapshots $SRC (the list): ${LAST}s: $(grep "^r$r " "$work/snapshots.out" | tr -s ' ')"
 
 	# Branch of a busy source: pgbench (TPC-B, writes) on it through pgwake
-	# from BUSY_BEFORE seconds before the branch until after it. Its -T is
-	# set from the sleeping branch's time, generously; if the branch
-	# outlasts it, the report says so.
+	# from BUSY_BEFORE seconds before the branch until after it. Its -T must
+	# outlast the branch: 3x the sleeping branch in round 1, then 1.5x the
+	# slowest busy branch so far; if the branch outlasts it anyway, the
+	# report says so.
 	"$PGWAKE" wake "$SRC" >/dev/null 2>&1
-	# Long enough for the branch: 3x the sleeping branch in round 1, then
-	# 1.5x the slowest busy branch so far.
 	if [[ -z "${T[branch_busy]:-}" ]]; then
-		est="$(awk -v t="$(stat_of "${T[branch_sleeping]}" median)" 'BEGIN{printf "%d", (t * 3 < 30 ? 30 : t * 3)}')"
+		est="$(awk -v t="$(stat_of "${T[branch_sleeping]}" median)" 'BEGIN{printf "%d", (t * 3 < 20 ? 20 : t * 3)}')"
 	else
 		est="$(echo ${T[branch_busy]} | tr ' ' '\n' | sort -g | tail -n1 | awk '{printf "%d", $1 * 1.5 + 5}')"
 	fi
@@ -422,6 +429,7 @@ for r in $(seq "$ROUNDS"); do
 	load_pid=$!
 	load_start_t="$(now)"
 	sleep "$BUSY_BEFORE"
+	pre_end="$(now)"
 	copy_timed branch_busy branch "bb$r"
 	PH[branch_busy]="$(phases "$LAST_S" "$LAST_E")"
 	busy_s="$LAST_S" busy_e="$LAST_E"
@@ -439,11 +447,12 @@ for r in $(seq "$ROUNDS"); do
 	BUSY_TX+="$txs "
 	# tps from the progress lines (epoch seconds): the seconds before the
 	# branch (after 3 s of warm-up) against the seconds it ran.
-	read -r before during < <(grep -h '^progress:' "$work/busy$r.err" "$work/busy$r.out" | awk -v a="$load_start_t" -v s="$busy_s" -v e="$busy_e" '
+	# (A progress line at t counts the second before t.)
+	read -r before during < <(grep -h '^progress:' "$work/busy$r.err" "$work/busy$r.out" | awk -v a="$load_start_t" -v p="$pre_end" -v s="$busy_s" -v e="$busy_e" '
 		{ t = $2; tps = $4 }
-		t > a + 3 && t <= s { bs += tps; bn++ }
-		t > s + 1 && t <= e { ds += tps; dn++ }
-		END { printf "%.0f %.0f\n", bn ? bs / bn : -1, dn ? ds / dn : -1 }')
+		t > a + 3 && t <= p { bs += tps; bn++ }
+		t > s + 0.5 && t <= e + 0.5 { ds += tps; dn++ }
+		END { if (bn) printf "%.0f ", bs / bn; else printf "n/a "; if (dn) printf "%.0f\n", ds / dn; else print "n/a" }')
 	BUSY_BEFORE_TPS+="$before " BUSY_DURING_TPS+="$during "
 	log "  pgbench on $SRC: $txs transactions, ${failed:-?} failed, $aborted error lines; tps before $before, during the branch $during"
 	BBURL="$(url_of "bb$r")"
@@ -479,10 +488,6 @@ bench_secs="$(since "$bench_start")"
 
 # --- report ------------------------------------------------------------------------
 
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [[ -n "$(git -C "$root" status --porcelain -- . ':!bench' 2>/dev/null)" ]]; then
-	commit+=" (working tree has uncommitted changes outside bench/)"
-fi
 m() { stat_of "${T[$1]}" median; }
 vals() { echo "${T[$1]% }" | sed 's/ /, /g'; }
 dump_m="$(m dump)"
@@ -494,7 +499,7 @@ report="$work/results-branch.md"
 	echo
 	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $commit"
 	echo "- machine: $(nproc) CPUs ($(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)), $(awk '/^MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM; Docker $(docker version --format '{{.Server.Version}}') ($(docker info --format '{{.Driver}}') storage driver), volumes on $(df -T "$(docker info --format '{{.DockerRootDir}}')" | awk 'NR==2{print $2}') (cp --reflink=auto falls back to a full copy there)"
-	echo "- load average (1, 5, 15 min): $load_start at the start of the measured rounds, $load_end at the end. The machine ran other test suites meanwhile; the benchmark itself adds about 1-5."
+	echo "- load average (1, 5, 15 min): $load_start at the start of the measured rounds, $load_end at the end; 1-minute load at the start of each round: ${LOADS% }. Other test suites share this machine and may have run meanwhile; the benchmark itself adds about 1-5 (pgbench, the servers, the copies)."
 	echo "- data: pgbench -i -s $SCALE (took ${init_secs}s): database $DB is $db_size (pg_database_size $db_bytes bytes; all databases of the server $cluster_size), $ROWS rows in pgbench_accounts; Postgres $pgversion ($IMAGE)"
 	echo "- $rounds_done round(s) of $ROUNDS in ${bench_secs}s$( ((rounds_done < ROUNDS)) && echo " (the first round showed that $ROUNDS would take the run past its budget of ${BUDGET}s)"), every operation once per round, interleaved; the whole script took $(since "$script_start")s; seconds are wall clock (date +%s.%N) around the command"
 	echo
@@ -503,15 +508,17 @@ report="$work/results-branch.md"
 	row() {
 		local sy=""
 		[[ -n "${T[${2}_sync]:-}" ]] && sy="$(fmt1 "$(m "${2}_sync")") ($(vals "${2}_sync"))"
-		echo "| $1 | $(fmt1 "$(m "$2")") | $(vals "$2") | $(ratio "$dump_m" "$(m "$2")") | $sy |"
+		local ra="$(ratio "$dump_m" "$(m "$2")")"
+		[[ "${3:-}" == noratio ]] && ra=""
+		echo "| $1 | $(fmt1 "$(m "$2")") | $(vals "$2") | $ra | $sy |"
 	}
 	row "\`pgwake branch\` of a sleeping source (file copy; source stays asleep)" branch_sleeping
-	row "&nbsp;&nbsp;then the branch's first query (its first wake, select 1)" branch_first
+	row "&nbsp;&nbsp;then the branch's first query (its first wake, select 1)" branch_first noratio
 	row "\`pgwake branch\` of a busy source (pg_basebackup under pgbench -c $BUSY_CLIENTS)" branch_busy
 	row "\`pgwake snapshot\` of the sleeping source" snapshot
-	row "\`pgwake snapshots\` (list, one snapshot)" snapshots
+	row "\`pgwake snapshots\` (list, one snapshot)" snapshots noratio
 	row "\`pgwake reset\` (source awake and idle: stop, copy back)" reset
-	row "&nbsp;&nbsp;then the first query (wake on the restored data, select 1)" reset_first
+	row "&nbsp;&nbsp;then the first query (wake on the restored data, select 1)" reset_first noratio
 	row "\`pg_dump -Fc \\| pg_restore\` into a new empty project" dump
 	row "\`CREATE DATABASE ... TEMPLATE\` (STRATEGY WAL_LOG, 15's default)" template_wal
 	row "\`CREATE DATABASE ... TEMPLATE\` (STRATEGY FILE_COPY)" template_copy
@@ -524,7 +531,7 @@ report="$work/results-branch.md"
 	dt="$(m dump_total)"
 	echo "The same with the \`sync\` after each counted (until the copy is on disk; medians of the per-round sums, pg_dump|pg_restore $(fmt1 "$dt") s): branch of a sleeping source $(ratio "$dt" "$(m branch_sleeping_total)")x ($(fmt1 "$(m branch_sleeping_total)") s), branch of a busy source $(ratio "$dt" "$(m branch_busy_total)")x ($(fmt1 "$(m branch_busy_total)") s), reset $(ratio "$dt" "$(m reset_total)")x ($(fmt1 "$(m reset_total)") s)."
 	echo
-	echo "Targets: branch and reset of 1 GB well under 20 s: $(yes_no "$worst" "<" 20) (slowest median ${worst} s); at least 5x faster than pg_dump | pg_restore: $(yes_no "$least" ">=" 5) (lowest ratio ${least}x)."
+	echo "Targets: branch and reset of 1 GB well under 20 s: $(yes_no "$worst" "<" 20) (slowest median $(fmt1 "$worst") s); at least 5x faster than pg_dump | pg_restore: $(yes_no "$least" ">=" 5) (lowest ratio ${least}x)."
 	echo
 	echo "Where the time went (last round, from Docker's container events):"
 	echo
@@ -532,6 +539,8 @@ report="$work/results-branch.md"
 	echo "- branch of a busy source: ${PH[branch_busy]}"
 	echo "- snapshot: ${PH[snapshot]}"
 	echo "- reset: ${PH[reset]}"
+	echo "- what a copy of the stopped files copies (the source's volume after pgbench -i): ${DU:-n/a}"
+	echo "- \`sync\` after each copy: the file copies (branch of a sleeping source, snapshot, reset) return with their copy still in the page cache; pg_basebackup (busy branch) fsyncs before it returns, and Postgres has its WAL on disk at each commit. The sync column is the writeback the command left behind (every copy starts after a sync, untimed, so none pays for an earlier one)."
 	echo
 	echo "Checks, after every timed operation: every copy has $ROWS rows in pgbench_accounts; the source was still asleep after each branch of it asleep, its server not started meanwhile (Docker events; $SRC_ASLEEP_OK of $rounds_done); each busy branch's sums agree (sum(abalance) of accounts = sum(delta) of history = sum(tbalance) = sum(bbalance): a transaction boundary, no torn rows); after each reset the counts and sums of all four tables are exactly the snapshot's."
 	echo

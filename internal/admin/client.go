@@ -33,7 +33,10 @@ func NewClient(socket string) *Client {
 			return d.DialContext(ctx, "unix", socket)
 		},
 	}
-	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+	// The API never redirects: a redirect is the mux cleaning a path with
+	// a dot segment, and following it would send the request elsewhere.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Client{socket: socket, hc: &http.Client{Transport: tr, CheckRedirect: noRedirect}}
 }
 
 // APIError is an error the daemon returned.
@@ -157,6 +160,10 @@ func (c *Client) Snapshots(ctx context.Context, name string) ([]Snapshot, error)
 
 // DeleteSnapshot removes one of a project's snapshots.
 func (c *Client) DeleteSnapshot(ctx context.Context, name, label string) error {
+	if label == "." || label == ".." {
+		// No path segment can carry it.
+		return &APIError{Status: http.StatusBadRequest, Msg: fmt.Sprintf("snapshot label %q is not a label", label)}
+	}
 	return c.do(ctx, http.MethodDelete, APIPrefix+"/projects/"+url.PathEscape(name)+"/snapshots/"+url.PathEscape(label), nil, nil)
 }
 

@@ -46,6 +46,23 @@ func (d *Daemon) brancherOf(ctx context.Context, p state.Project) (backend.Branc
 	return br, nil
 }
 
+// dropPending removes a branch a killed pgwake left half made (its data
+// may be a partial copy, or none, from which a start would run initdb),
+// with its data: its source keeps the real one. If the backend cannot do
+// it now, the project stays pending and unserved until a later start.
+func (d *Daemon) dropPending(ctx context.Context, p state.Project) {
+	d.log.Warn("removing a branch whose copy was cut short (pgwake was stopped during it)", "project", p.Name, "parent", p.Parent)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := d.backendOf(p).Remove(rctx, spec(p), true); err != nil {
+		d.log.Error("cannot remove the half-made branch now; it is not served", "project", p.Name, "err", err)
+		return
+	}
+	if err := d.store.Remove(p.Name, false); err != nil {
+		d.log.Error("remove the half-made branch from the state", "project", p.Name, "err", err)
+	}
+}
+
 // branchSource checks a create request's From and returns its project.
 func (d *Daemon) branchSource(ctx context.Context, req admin.CreateRequest) (state.Project, error) {
 	s, err := d.store.Get(req.From)
@@ -164,8 +181,8 @@ func (d *Daemon) Snapshot(ctx context.Context, name string, req admin.SnapshotRe
 	if label == "" {
 		label = time.Now().UTC().Format("20060102-150405")
 	}
-	if !validLabel.MatchString(label) {
-		return admin.Snapshot{}, admin.Invalid(fmt.Errorf("snapshot label %q: use up to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", label))
+	if err := checkLabel(label); err != nil {
+		return admin.Snapshot{}, err
 	}
 	br, err := d.brancherOf(ctx, p)
 	if err != nil {
@@ -209,8 +226,19 @@ func (d *Daemon) Snapshots(ctx context.Context, name string) ([]admin.Snapshot, 
 	return out, nil
 }
 
+// checkLabel refuses what cannot be a snapshot's label (a path, say).
+func checkLabel(label string) error {
+	if !validLabel.MatchString(label) {
+		return admin.Invalid(fmt.Errorf("snapshot label %q: use up to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", label))
+	}
+	return nil
+}
+
 // DeleteSnapshot implements admin.Service.
 func (d *Daemon) DeleteSnapshot(ctx context.Context, name, label string) error {
+	if err := checkLabel(label); err != nil {
+		return err
+	}
 	p, err := d.store.Get(name)
 	if err != nil {
 		return apiErr(err)
@@ -232,6 +260,11 @@ func (d *Daemon) DeleteSnapshot(ctx context.Context, name, label string) error {
 // that connect meanwhile wait, then wake it on the snapshot's data), its
 // server stopped if it runs, and its data replaced by the snapshot's.
 func (d *Daemon) Reset(ctx context.Context, name string, req admin.ResetRequest) (admin.Snapshot, error) {
+	if req.Label != "" {
+		if err := checkLabel(req.Label); err != nil {
+			return admin.Snapshot{}, err
+		}
+	}
 	p, err := d.store.Get(name)
 	if err != nil {
 		return admin.Snapshot{}, apiErr(err)

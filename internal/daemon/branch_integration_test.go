@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/localbackend"
+	"github.com/pgwake/pgwake/internal/testenv"
 )
 
 // brancherBackends runs fn against a daemon on each backend that branches:
@@ -391,3 +395,97 @@ func mustProject(t *testing.T, cl *admin.Client, name string) admin.Project {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestIntegrationHalfMadeBranchIsRemoved: a branch whose copy a killed
+// pgwake cut short is still pending in the state file, its data directory
+// holding only the staged part of the copy. The next pgwake removes it,
+// data and all, rather than serve it (its local server would otherwise run
+// initdb on the missing data and serve an empty database as the branch).
+func TestIntegrationHalfMadeBranchIsRemoved(t *testing.T) {
+	if _, err := localbackend.FindBinDir(); err != nil {
+		t.Fatalf("this test needs PostgreSQL server binaries (scripts/setup installs them): %v", err)
+	}
+	dir, err := os.MkdirTemp("", "pgwp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	instance := fmt.Sprintf("pend%d", time.Now().UnixNano()%1e9)
+	root := localRoot(dir, instance)
+	t.Cleanup(func() {
+		testenv.StopLocalServers(root)
+		os.RemoveAll(root)
+		os.RemoveAll(dir)
+	})
+	state := map[string]any{"instance": instance, "projects": []map[string]any{{
+		"name": "half", "image": "", "user": "postgres", "password": "pw", "database": "seed",
+		"sleep_after": 0, "sleep_mode": "stop", "created_at": "2026-01-01T00:00:00Z",
+		"backend": "local", "parent": "seed", "pending": true,
+	}}}
+	data, err := json.Marshal(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "state.json"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(root, "half", "data.copy")
+	if err := os.MkdirAll(staged, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "half", ".pgwake-project"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := config.Default()
+	cfg.PortRange = testenv.PortRange(t)
+	cfg.StateDir = dir
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Backend = "local"
+	cfg.SleepAfter = 0
+	d, _, done := startDaemon(t, cfg, Options{})
+	defer func() {
+		d.Shutdown(true)
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, p := range d.Projects() {
+		if p.Name == "half" {
+			t.Fatalf("the half-made branch is served: %+v", p)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "half")); !os.IsNotExist(err) {
+		t.Fatalf("the half-made branch's directory is still there (%v)", err)
+	}
+}
+
+// TestIntegrationSnapshotRefusals: a project that never started holds no
+// cluster, and a snapshot of it is refused (a reset to an empty copy would
+// wipe the data); a label that is a path is refused before any backend
+// sees it.
+func TestIntegrationSnapshotRefusals(t *testing.T) {
+	brancherBackends(t, func(t *testing.T, cl *admin.Client) {
+		ctx := t.Context()
+		p, err := cl.Create(ctx, admin.CreateRequest{Name: "fresh"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The local backend runs initdb at create; Docker's image at the
+		// first start.
+		if p.Backend == "docker" {
+			if s, err := cl.Snapshot(ctx, "fresh", admin.SnapshotRequest{Label: "empty"}); err == nil {
+				t.Fatalf("a snapshot of a never-started project was taken: %+v", s)
+			}
+			if snaps, err := cl.Snapshots(ctx, "fresh"); err != nil || len(snaps) != 0 {
+				t.Fatalf("after the refused snapshot: %+v (%v), want none", snaps, err)
+			}
+		}
+		for _, label := range []string{"../../x", "..", ".partial-x", "A"} {
+			err := cl.DeleteSnapshot(ctx, "fresh", label)
+			var apiErr *admin.APIError
+			if !errors.As(err, &apiErr) || apiErr.Status != 400 {
+				t.Errorf("delete snapshot %q: %v, want 400", label, err)
+			}
+		}
+	})
+}

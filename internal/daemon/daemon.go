@@ -222,6 +222,10 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger, opts Options)
 		return nil, err
 	}
 	for _, p := range d.store.Projects() {
+		if p.Pending {
+			d.dropPending(ctx, p)
+			continue
+		}
 		if err := d.srv.AddProject(ctx, d.proxyProject(p)); err != nil {
 			return nil, err
 		}
@@ -647,7 +651,8 @@ func apiErr(err error) error {
 	switch {
 	case errors.Is(err, state.ErrNotFound), errors.Is(err, proxy.ErrNoProject):
 		return admin.NotFound(err)
-	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists), errors.Is(err, backend.ErrNotOwned):
+	case errors.Is(err, state.ErrExists), errors.Is(err, proxy.ErrProjectExists), errors.Is(err, backend.ErrNotOwned),
+		errors.Is(err, backend.ErrDataExists), errors.Is(err, backend.ErrNotStopped):
 		return admin.Conflict(err)
 	}
 	return err
@@ -686,6 +691,7 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 		src, be = &s, d.backendOf(s)
 		p.Image, p.User, p.Database, p.Backend = s.Image, s.User, s.Database, s.Backend
 		p.Parent, p.BranchedAt = s.Name, time.Now().UTC().Truncate(time.Second)
+		p.Pending = true // until its data is whole (see dropPending)
 	}
 	if err := d.checkPort(req.Port, req.PortOutsideRange); err != nil {
 		return admin.Project{}, admin.Invalid(err)
@@ -841,6 +847,13 @@ func (d *Daemon) Create(ctx context.Context, req admin.CreateRequest) (admin.Pro
 	if err := ensure(ctx, spec(p)); err != nil {
 		rollback(err)
 		return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
+	}
+	if p.Pending {
+		p.Pending = false
+		if err := d.store.Update(p.Name, func(sp *state.Project) { sp.Pending = false }); err != nil {
+			rollback(err)
+			return admin.Project{}, apiErr(fmt.Errorf("create project %q: %w", p.Name, err))
+		}
 	}
 	if cat != nil {
 		if err := cat.Save(ctx, record(p)); err != nil {

@@ -41,8 +41,9 @@ const (
 // copyScript is the shell every helper container runs. The caller sets
 // FILL (what fills "$S": a base backup or a file copy) and MODE:
 //
-//   - publish: $S is staged next to (or inside) PGDATA on the project's
-//     volume, then moved into PGDATA with PG_VERSION last, after PGDATA's
+//   - publish: $S is staged inside PGDATA on the project's volume (so
+//     PGDATA is never empty, whatever the image's layout), then moved into
+//     PGDATA with PG_VERSION last, after PGDATA's
 //     old contents (if any) are gone, PG_VERSION first. Until the last
 //     move no start can mistake the folder for a whole cluster, and it is
 //     never empty either (the official entrypoint would run initdb on an
@@ -59,15 +60,19 @@ copy() { cp -a $R "$1/." "$2/"; }
 rm -rf "$S"
 mkdir -p "$S"
 eval "$FILL"
+# Not a cluster (a source never started): refused before anything of the
+# target is touched.
+[ -s "$S/PG_VERSION" ] || { echo "the copy has no PG_VERSION: its source holds no cluster" >&2; exit 4; }
 chown -R postgres:postgres "$S"
 chmod 700 "$S"
+sync # the copy is on disk before it is published
 case "$MODE" in
 publish)
 	mkdir -p "$PGDATA"
 	rm -f "$PGDATA/PG_VERSION"
 	find "$PGDATA" -mindepth 1 -maxdepth 1 ! -name ` + stagingDir + ` -exec rm -rf {} +
 	for f in "$S"/* "$S"/.[!.]* "$S"/..?*; do
-		[ -e "$f" ] || continue
+		[ -e "$f" ] || [ -L "$f" ] || continue
 		[ "${f##*/}" = PG_VERSION ] && continue
 		mv "$f" "$PGDATA/"
 	done
@@ -78,6 +83,7 @@ publish)
 	;;
 snapshot)
 	mv "$S" "$SNAP/data"
+	sync
 	du -sk "$SNAP/data" | cut -f1
 	;;
 esac
@@ -138,8 +144,18 @@ func (b *Backend) sourceOf(ctx context.Context, src backend.Spec, l layout, live
 		if running {
 			return source{}, fmt.Errorf("copy the files of project %q: %w", src.Name, backend.ErrNotStopped)
 		}
+		// Mounted by name, a missing volume would be made (unlabelled):
+		// only this instance's own is read.
+		vol := b.VolumeName(src.Name)
+		res, err := b.cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{})
+		if err != nil {
+			return source{}, fmt.Errorf("volume %q of project %q: %w", vol, src.Name, err)
+		}
+		if !b.owns(res.Volume.Labels, src.Name) {
+			return source{}, notOwned("volume", vol, res.Volume.Labels)
+		}
 		return source{
-			mounts: []mount.Mount{{Type: mount.TypeVolume, Source: b.VolumeName(src.Name), Target: srcMount, ReadOnly: true}},
+			mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: srcMount, ReadOnly: true}},
 			fill:   `copy "` + srcMount + l.below() + `" "$S"`,
 		}, nil
 	}
@@ -176,8 +192,12 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 		return fmt.Errorf("branch %q: volume %q: %w", dst.Name, vol, backend.ErrDataExists)
 	}
 	mounts := append(s.mounts, mount.Mount{Type: mount.TypeVolume, Source: vol, Target: l.target})
-	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.target+"/"+stagingDir, "MODE=publish", "FILL="+s.fill)
-	if _, err := b.runHelper(ctx, src, mounts, s.netMode, env); err != nil {
+	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.pgdata+"/"+stagingDir, "MODE=publish", "FILL="+s.fill)
+	// Labelled as dst's, whose volume it writes: rm --volumes of dst
+	// sweeps one a crash left.
+	writer := dst
+	writer.Image = src.Image
+	if _, err := b.runHelper(ctx, writer, mounts, s.netMode, env); err != nil {
 		return errors.Join(fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err), b.rollbackVolume(ctx, vol))
 	}
 	return nil
@@ -185,7 +205,9 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 
 // SnapshotVolume is the volume that keeps a project's snapshot.
 func (b *Backend) SnapshotVolume(project, label string) string {
-	return b.ContainerName(project) + "-snap-" + label
+	// "." is in no project name: no two projects' snapshot names, nor a
+	// project's data volume, can meet.
+	return b.ContainerName(project) + ".snap." + label
 }
 
 // Snapshot implements backend.Brancher.
@@ -201,7 +223,7 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 	}
 	vol := b.SnapshotVolume(spec.Name, label)
 	if _, err := b.cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{}); err == nil {
-		return backend.Snapshot{}, fmt.Errorf("project %q already has a snapshot %q", spec.Name, label)
+		return backend.Snapshot{}, fmt.Errorf("project %q already has a snapshot %q: %w", spec.Name, label, backend.ErrDataExists)
 	} else if !cerrdefs.IsNotFound(err) {
 		return backend.Snapshot{}, fmt.Errorf("inspect volume %q: %w", vol, err)
 	}
@@ -307,8 +329,8 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, label string) 
 	}
 	// A snapshot whose copy never completed has no "data": refuse it
 	// before anything of the project's data is touched.
-	fill := `[ -d "` + snapMount + `/data" ] || { echo "snapshot is incomplete (its copy was interrupted); delete it" >&2; exit 3; }; copy "` + snapMount + `/data" "$S"`
-	env := []string{"PGDATA=" + l.pgdata, "S=" + l.target + "/" + stagingDir, "MODE=publish", "FILL=" + fill}
+	fill := `[ -s "` + snapMount + `/data/PG_VERSION" ] || { echo "snapshot is incomplete (its copy was interrupted); delete it" >&2; exit 3; }; copy "` + snapMount + `/data" "$S"`
+	env := []string{"PGDATA=" + l.pgdata, "S=" + l.pgdata + "/" + stagingDir, "MODE=publish", "FILL=" + fill}
 	if _, err := b.runHelper(ctx, spec, mounts, "", env); err != nil {
 		return fmt.Errorf("restore project %q from snapshot %q: %w", spec.Name, label, err)
 	}
@@ -328,12 +350,19 @@ func (b *Backend) DeleteSnapshot(ctx context.Context, spec backend.Spec, label s
 	return nil
 }
 
+// helperTimeout bounds one copy: a terabyte at disk speed.
+const helperTimeout = 2 * time.Hour
+
 // runHelper runs copyScript in a throwaway container of spec's image (its
 // own binaries, so pg_basebackup matches the server's version) and
 // returns what it printed. The container is labelled as the project's, so
 // Remove and RemoveAll sweep one left by a crash, and as a helper, so its
 // start and exit are not mistaken for the server's.
 func (b *Backend) runHelper(ctx context.Context, spec backend.Spec, mounts []mount.Mount, netMode container.NetworkMode, env []string) (string, error) {
+	// Not stopped when the caller gives up (a client's Ctrl-C): killed
+	// while it publishes, a copy would leave the target half replaced.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), helperTimeout)
+	defer cancel()
 	labels := b.labels(spec)
 	labels[LabelRole] = "copy"
 	res, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{

@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/pgwake/pgwake/internal/backend"
@@ -21,12 +23,24 @@ var _ backend.Brancher = (*Backend)(nil)
 
 // A project's snapshots live in its directory, so that rm --volumes takes
 // them too: snapshots/LABEL/data is the copy and snapshots/LABEL/meta.json
-// says when it was taken and its size. A copy is made in LABEL.partial and
-// renamed when complete: a folder without the suffix is whole.
-func (b *Backend) snapDir(p string) string         { return filepath.Join(b.dir(p), "snapshots") }
-func (b *Backend) snapPath(p, label string) string { return filepath.Join(b.snapDir(p), label) }
+// says when it was taken and its size. A copy is made in .partial-LABEL
+// (no label starts with a dot) and renamed when complete.
+func (b *Backend) snapDir(p string) string { return filepath.Join(b.dir(p), "snapshots") }
+func (b *Backend) snapPath(p, label string) string {
+	// filepath.Base: a label is one name, never a path out of the folder.
+	return filepath.Join(b.snapDir(p), filepath.Base(filepath.Clean("/"+label)))
+}
 
-const partialSuffix = ".partial"
+const partialPrefix = ".partial-"
+
+// cpArgs copy a folder with its owners and modes, sharing blocks where the
+// filesystem can: GNU cp's reflink, macOS's clonefile.
+func cpArgs() []string {
+	if runtime.GOOS == "darwin" {
+		return []string{"-c", "-a"}
+	}
+	return []string{"-a", "--reflink=auto"}
+}
 
 type snapMeta struct {
 	Taken time.Time `json:"taken"`
@@ -47,7 +61,7 @@ func (b *Backend) fill(ctx context.Context, src backend.Spec, dir string, live b
 		if pm == pmLive {
 			return fmt.Errorf("copy the files of project %q: %w", src.Name, backend.ErrNotStopped)
 		}
-		cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", b.dataDir(src.Name), dir)
+		cmd := exec.CommandContext(ctx, "cp", append(cpArgs(), b.dataDir(src.Name), dir)...)
 		if _, err := b.run(cmd); err != nil {
 			return err
 		}
@@ -112,6 +126,7 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 	if err := b.fill(ctx, src, staged, live); err != nil {
 		return fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err)
 	}
+	syscall.Sync() // the copy is on disk before it is published
 	return os.Rename(staged, b.dataDir(dst.Name))
 }
 
@@ -120,9 +135,9 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 	defer b.lock(spec.Name)()
 	final := b.snapPath(spec.Name, label)
 	if _, err := os.Lstat(final); err == nil {
-		return backend.Snapshot{}, fmt.Errorf("project %q already has a snapshot %q", spec.Name, label)
+		return backend.Snapshot{}, fmt.Errorf("project %q already has a snapshot %q: %w", spec.Name, label, backend.ErrDataExists)
 	}
-	partial := final + partialSuffix
+	partial := filepath.Join(b.snapDir(spec.Name), partialPrefix+label)
 	if err := os.RemoveAll(partial); err != nil {
 		return backend.Snapshot{}, err
 	}
@@ -149,6 +164,7 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 	if err := os.WriteFile(filepath.Join(partial, "meta.json"), data, 0o600); err != nil {
 		return backend.Snapshot{}, err
 	}
+	syscall.Sync()
 	if err := os.Rename(partial, final); err != nil {
 		return backend.Snapshot{}, err
 	}
@@ -180,7 +196,7 @@ func (b *Backend) Snapshots(_ context.Context, spec backend.Spec) ([]backend.Sna
 	}
 	var out []backend.Snapshot
 	for _, e := range entries {
-		if !e.IsDir() || strings.HasSuffix(e.Name(), partialSuffix) {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		var m snapMeta
@@ -220,10 +236,11 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, label string) 
 	if err := os.RemoveAll(staged); err != nil {
 		return err
 	}
-	if _, err := b.run(exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", snap, staged)); err != nil {
+	if _, err := b.run(exec.CommandContext(ctx, "cp", append(cpArgs(), snap, staged)...)); err != nil {
 		_ = os.RemoveAll(staged)
 		return fmt.Errorf("restore project %q from snapshot %q: %w", spec.Name, label, err)
 	}
+	syscall.Sync()
 	old := filepath.Join(dir, "data.old")
 	if err := os.Rename(b.dataDir(spec.Name), old); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		_ = os.RemoveAll(staged)

@@ -1325,6 +1325,11 @@ func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, 
 			switch {
 			case stop && stopErr == nil:
 				p.setAsleepLocked(backend.SleepStop)
+				if err == nil {
+					// New data (a reset): an earlier wake's failure says
+					// nothing of it.
+					p.failures, p.retryAt = 0, time.Time{}
+				}
 			case stop:
 				p.setAsleepLocked("") // paused or stopped: unknown
 			}

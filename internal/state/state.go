@@ -52,6 +52,10 @@ type Project struct {
 	// within the copy's few seconds).
 	Parent     string    `json:"parent,omitempty"`
 	BranchedAt time.Time `json:"branched_at,omitzero"`
+	// Pending is set while a create that copies data (a branch) has not
+	// finished: a pgwake that finds it at start-up was killed meanwhile,
+	// and removes the half-made project rather than serve it.
+	Pending bool `json:"pending,omitempty"`
 	// Settings are server settings (lower-case GUC name -> value) applied
 	// at every start of its server.
 	Settings map[string]string `json:"settings,omitempty"`
