@@ -394,8 +394,9 @@ type Brancher interface {
 	// Snapshot keeps a copy of spec's data under label, which must be
 	// new for the project.
 	Snapshot(ctx context.Context, spec Spec, label string, live bool) (Snapshot, error)
-	// Snapshots lists spec's snapshots, oldest first.
-	Snapshots(ctx context.Context, spec Spec) ([]Snapshot, error)
+	// Snapshots lists spec's snapshots, oldest first; with sizes their
+	// Bytes too, which a runtime may take a while to measure.
+	Snapshots(ctx context.Context, spec Spec, sizes bool) ([]Snapshot, error)
 	// Restore replaces spec's data with the snapshot's. The caller keeps
 	// the server stopped; the snapshot stays.
 	Restore(ctx context.Context, spec Spec, label string) error

@@ -215,7 +215,7 @@ func (d *Daemon) Snapshots(ctx context.Context, name string) ([]admin.Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := br.Snapshots(ctx, spec(p))
+	snaps, err := br.Snapshots(ctx, spec(p), true)
 	if err != nil {
 		return nil, apiErr(err)
 	}
@@ -273,7 +273,7 @@ func (d *Daemon) Reset(ctx context.Context, name string, req admin.ResetRequest)
 	if err != nil {
 		return admin.Snapshot{}, err
 	}
-	snaps, err := br.Snapshots(ctx, spec(p))
+	snaps, err := br.Snapshots(ctx, spec(p), false) // sizes would cost seconds
 	if err != nil {
 		return admin.Snapshot{}, apiErr(err)
 	}

@@ -251,7 +251,7 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 
 // Snapshots implements backend.Brancher. Sizes come from the engine's disk
 // usage report (local volume driver only; 0 otherwise).
-func (b *Backend) Snapshots(ctx context.Context, spec backend.Spec) (_ []backend.Snapshot, err error) {
+func (b *Backend) Snapshots(ctx context.Context, spec backend.Spec, withSizes bool) (_ []backend.Snapshot, err error) {
 	defer markUnavailable(&err)
 	f := b.projectFilter(spec.Name).Add("label", LabelSnapshot)
 	res, err := b.cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
@@ -259,7 +259,9 @@ func (b *Backend) Snapshots(ctx context.Context, spec backend.Spec) (_ []backend
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	sizes := map[string]int64{}
-	if len(res.Items) > 0 {
+	// The engine's disk usage report measures every volume on the host
+	// (seconds on a busy one): only for a listing that shows sizes.
+	if withSizes && len(res.Items) > 0 {
 		if du, err := b.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true}); err == nil {
 			for _, v := range du.Volumes.Items {
 				if v.UsageData != nil && v.UsageData.Size > 0 {

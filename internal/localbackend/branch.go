@@ -186,7 +186,7 @@ func dirSize(dir string) int64 {
 }
 
 // Snapshots implements backend.Brancher.
-func (b *Backend) Snapshots(_ context.Context, spec backend.Spec) ([]backend.Snapshot, error) {
+func (b *Backend) Snapshots(_ context.Context, spec backend.Spec, _ bool) ([]backend.Snapshot, error) {
 	entries, err := os.ReadDir(b.snapDir(spec.Name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
