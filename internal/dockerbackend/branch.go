@@ -57,6 +57,31 @@ const copyScript = `set -eu
 R=
 if cp --help 2>&1 | grep -q reflink; then R=--reflink=auto; fi
 copy() { cp -a $R "$1/." "$2/"; }
+# copydata SRC DST: a stopped cluster, less the WAL it no longer needs.
+# After a clean shutdown it needs the segment of its last checkpoint (and
+# the next, should the record cross into it); the rest of pg_wal are old
+# segments kept for reuse, as large as the data itself after a bulk load.
+copydata() {
+	redo=
+	if [ ! -L "$1/pg_wal" ] && ctl=$(LC_ALL=C pg_controldata "$1" 2>/dev/null); then
+		state=$(printf '%s\n' "$ctl" | sed -n 's/^Database cluster state: *//p')
+		[ "$state" = "shut down" ] && redo=$(printf '%s\n' "$ctl" | sed -n "s/^Latest checkpoint's REDO WAL file: *//p")
+	fi
+	if [ -z "$redo" ] || [ ! -f "$1/pg_wal/$redo" ]; then copy "$1" "$2"; return; fi
+	for f in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+		[ -e "$f" ] || [ -L "$f" ] || continue
+		[ "${f##*/}" = pg_wal ] && continue
+		cp -a $R "$f" "$2/"
+	done
+	mkdir -p "$2/pg_wal/archive_status"
+	chmod 700 "$2/pg_wal" "$2/pg_wal/archive_status"
+	next=$(ls "$1/pg_wal" | grep -E '^[0-9A-F]{24}$' | sort | awk -v r="$redo" '$0 > r { print; exit }')
+	for w in "$redo" $next; do cp -a $R "$1/pg_wal/$w" "$2/pg_wal/"; done
+	for h in "$1"/pg_wal/*.history; do
+		[ -e "$h" ] && cp -a "$h" "$2/pg_wal/"
+	done
+	return 0
+}
 rm -rf "$S"
 mkdir -p "$S"
 eval "$FILL"
@@ -156,7 +181,7 @@ func (b *Backend) sourceOf(ctx context.Context, src backend.Spec, l layout, live
 		}
 		return source{
 			mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: srcMount, ReadOnly: true}},
-			fill:   `copy "` + srcMount + l.below() + `" "$S"`,
+			fill:   `copydata "` + srcMount + l.below() + `" "$S"`,
 		}, nil
 	}
 	if c.State == nil || !c.State.Running || c.State.Paused {

@@ -61,8 +61,7 @@ func (b *Backend) fill(ctx context.Context, src backend.Spec, dir string, live b
 		if pm == pmLive {
 			return fmt.Errorf("copy the files of project %q: %w", src.Name, backend.ErrNotStopped)
 		}
-		cmd := exec.CommandContext(ctx, "cp", append(cpArgs(), b.dataDir(src.Name), dir)...)
-		if _, err := b.run(cmd); err != nil {
+		if err := b.copyStopped(ctx, b.dataDir(src.Name), dir); err != nil {
 			return err
 		}
 		for _, f := range []string{"postmaster.pid", "postmaster.opts"} {
@@ -85,6 +84,92 @@ func (b *Backend) fill(ctx context.Context, src backend.Spec, dir string, live b
 	}
 	_, err := b.run(cmd)
 	return err
+}
+
+// copyStopped copies a stopped cluster's data directory to dir (which
+// must not exist), less the WAL it no longer needs: after a clean shutdown
+// the segment of its last checkpoint (and the next, should the record
+// cross into it); the rest of pg_wal are old segments kept for reuse, as
+// large as the data itself after a bulk load. Anything else (a crashed
+// server, a pg_wal elsewhere) is copied whole.
+func (b *Backend) copyStopped(ctx context.Context, data, dir string) error {
+	wal, ok := b.neededWAL(ctx, data)
+	if !ok {
+		_, err := b.run(exec.CommandContext(ctx, "cp", append(cpArgs(), data, dir)...))
+		return err
+	}
+	entries, err := os.ReadDir(data)
+	if err != nil {
+		return err
+	}
+	if err := b.mkdirOwned(dir, 0o700); err != nil {
+		return err
+	}
+	args := cpArgs()
+	for _, e := range entries {
+		if e.Name() != "pg_wal" {
+			args = append(args, filepath.Join(data, e.Name()))
+		}
+	}
+	if _, err := b.run(exec.CommandContext(ctx, "cp", append(args, dir)...)); err != nil {
+		return err
+	}
+	if err := b.mkdirOwned(filepath.Join(dir, "pg_wal", "archive_status"), 0o700); err != nil {
+		return err
+	}
+	if err := b.mkdirOwned(filepath.Join(dir, "pg_wal"), 0o700); err != nil {
+		return err
+	}
+	args = cpArgs()
+	for _, w := range wal {
+		args = append(args, filepath.Join(data, "pg_wal", w))
+	}
+	_, err = b.run(exec.CommandContext(ctx, "cp", append(args, filepath.Join(dir, "pg_wal"))...))
+	return err
+}
+
+// neededWAL lists the files of pg_wal a cleanly shut down cluster needs
+// (see copyStopped); false when it is not one or cannot tell.
+func (b *Backend) neededWAL(ctx context.Context, data string) ([]string, bool) {
+	if fi, err := os.Lstat(filepath.Join(data, "pg_wal")); err != nil || !fi.IsDir() {
+		return nil, false
+	}
+	cmd := b.command(ctx, "pg_controldata", data)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, false
+	}
+	var state, redo string
+	for line := range strings.SplitSeq(string(out), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "Database cluster state":
+			state = strings.TrimSpace(v)
+		case "Latest checkpoint's REDO WAL file":
+			redo = strings.TrimSpace(v)
+		}
+	}
+	if state != "shut down" || redo == "" {
+		return nil, false
+	}
+	entries, err := os.ReadDir(filepath.Join(data, "pg_wal"))
+	if err != nil {
+		return nil, false
+	}
+	var wal []string
+	found, next := false, false
+	for _, e := range entries { // sorted by name: segments in order
+		n := e.Name()
+		switch {
+		case strings.HasSuffix(n, ".history"):
+			wal = append(wal, n)
+		case n == redo:
+			wal, found = append(wal, n), true
+		case found && !next && len(n) == len(redo) && n > redo:
+			wal, next = append(wal, n), true
+		}
+	}
+	return wal, found
 }
 
 // Branch implements backend.Brancher: dst's project directory is made
