@@ -14,6 +14,7 @@ import (
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/api/types/volume"
 	"github.com/moby/moby/client"
 
 	"github.com/pgwake/pgwake/internal/backend"
@@ -287,11 +288,9 @@ func (b *Backend) Snapshots(ctx context.Context, spec backend.Spec, withSizes bo
 	// The engine's disk usage report measures every volume on the host
 	// (seconds on a busy one): only for a listing that shows sizes.
 	if withSizes && len(res.Items) > 0 {
-		if du, err := b.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true}); err == nil {
-			for _, v := range du.Volumes.Items {
-				if v.UsageData != nil && v.UsageData.Size > 0 {
-					sizes[v.Name] = v.UsageData.Size
-				}
+		for _, v := range b.diskUsage(ctx) {
+			if v.UsageData != nil && v.UsageData.Size > 0 {
+				sizes[v.Name] = v.UsageData.Size
 			}
 		}
 	}
@@ -310,6 +309,28 @@ func (b *Backend) Snapshots(ctx context.Context, spec backend.Spec, withSizes bo
 		return out[i].Label < out[j].Label
 	})
 	return out, nil
+}
+
+// diskUsage is the engine's report of every volume, nil when it cannot
+// give one. The engine runs one report at a time and refuses a second
+// meanwhile ("a disk usage operation is already running": another pgwake,
+// a docker system df): that is worth a few more tries.
+func (b *Backend) diskUsage(ctx context.Context) []volume.Volume {
+	for attempt, delay := 0, 50*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
+		du, err := b.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true})
+		if err == nil {
+			return du.Volumes.Items
+		}
+		if attempt == 10 {
+			b.log.Debug("volume sizes unknown", "err", err)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
 }
 
 // snapshotVolume returns label's volume for spec, checked to be this
