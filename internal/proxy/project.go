@@ -1128,16 +1128,41 @@ func (p *project) shutdown() error {
 // seconds, so that replicas all shutting down at once (each waiting for
 // the others' last connections to be published as gone) still leave the
 // server asleep, not running with nobody to put it to sleep.
+//
+// Idle means idle twice, peersSettle apart, with the same last activity:
+// a peer publishes at most every 100 ms, so one idle answer can fall
+// between its client leaving and its next client's publish (seen: a
+// client that connected through a peer right after a wake there was cut
+// by an explicit sleep here).
 func (p *project) peersStillBusy() string {
 	deadline := p.env.now().Add(3 * time.Second)
+	var (
+		idle bool
+		last time.Time
+	)
 	for {
-		_, why := p.askPeers()
-		if why == "" || p.env.now().After(deadline) {
+		pu, why := p.askPeers()
+		switch {
+		case why != "":
+			idle = false
+		case idle && pu.LastActive.Equal(last):
+			return ""
+		default:
+			idle, last = true, pu.LastActive
+		}
+		if p.env.now().After(deadline) {
+			if why == "" {
+				why = "other pgwake processes' use of it keeps changing"
+			}
 			return why
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(peersSettle)
 	}
 }
+
+// peersSettle spaces the two reads that find the peers idle: several of a
+// peer's publish intervals.
+const peersSettle = 500 * time.Millisecond
 
 // Status is a snapshot of one project, for the admin API and the TUI.
 type Status struct {
