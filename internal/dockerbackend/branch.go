@@ -30,91 +30,6 @@ const (
 
 var _ backend.Brancher = (*Backend)(nil)
 
-// Inside a helper container: where a source volume and a snapshot volume
-// are mounted (a project's own volume goes where its server has it), and
-// the folder a copy is staged in before it is published.
-const (
-	srcMount   = "/pgwake-src"
-	snapMount  = "/pgwake-snap"
-	stagingDir = ".pgwake-copy"
-)
-
-// copyScript is the shell every helper container runs. The caller sets
-// FILL (what fills "$S": a base backup or a file copy) and MODE:
-//
-//   - publish: $S is staged inside PGDATA on the project's volume (so
-//     PGDATA is never empty, whatever the image's layout), then moved into
-//     PGDATA with PG_VERSION last, after PGDATA's
-//     old contents (if any) are gone, PG_VERSION first. Until the last
-//     move no start can mistake the folder for a whole cluster, and it is
-//     never empty either (the official entrypoint would run initdb on an
-//     empty one): a start fails.
-//   - snapshot: $S is a folder of the snapshot volume, renamed to "data"
-//     when complete; a snapshot without "data" is incomplete.
-//
-// cp uses --reflink=auto where the image's cp has it (GNU coreutils):
-// on btrfs or XFS the copy shares blocks and takes no time.
-const copyScript = `set -eu
-R=
-if cp --help 2>&1 | grep -q reflink; then R=--reflink=auto; fi
-copy() { cp -a $R "$1/." "$2/"; }
-# copydata SRC DST: a stopped cluster, less the WAL it no longer needs.
-# After a clean shutdown it needs the segment of its last checkpoint (and
-# the next, should the record cross into it); the rest of pg_wal are old
-# segments kept for reuse, as large as the data itself after a bulk load.
-copydata() {
-	redo=
-	if [ ! -L "$1/pg_wal" ] && ctl=$(LC_ALL=C pg_controldata "$1" 2>/dev/null); then
-		state=$(printf '%s\n' "$ctl" | sed -n 's/^Database cluster state: *//p')
-		[ "$state" = "shut down" ] && redo=$(printf '%s\n' "$ctl" | sed -n "s/^Latest checkpoint's REDO WAL file: *//p")
-	fi
-	if [ -z "$redo" ] || [ ! -f "$1/pg_wal/$redo" ]; then copy "$1" "$2"; return; fi
-	for f in "$1"/* "$1"/.[!.]* "$1"/..?*; do
-		[ -e "$f" ] || [ -L "$f" ] || continue
-		[ "${f##*/}" = pg_wal ] && continue
-		cp -a $R "$f" "$2/"
-	done
-	mkdir -p "$2/pg_wal/archive_status"
-	chmod 700 "$2/pg_wal" "$2/pg_wal/archive_status"
-	next=$(ls "$1/pg_wal" | grep -E '^[0-9A-F]{24}$' | sort | awk -v r="$redo" '$0 > r { print; exit }')
-	for w in "$redo" $next; do cp -a $R "$1/pg_wal/$w" "$2/pg_wal/"; done
-	for h in "$1"/pg_wal/*.history; do
-		[ -e "$h" ] && cp -a "$h" "$2/pg_wal/"
-	done
-	return 0
-}
-rm -rf "$S"
-mkdir -p "$S"
-eval "$FILL"
-# Not a cluster (a source never started): refused before anything of the
-# target is touched.
-[ -s "$S/PG_VERSION" ] || { echo "the copy has no PG_VERSION: its source holds no cluster" >&2; exit 4; }
-chown -R postgres:postgres "$S"
-chmod 700 "$S"
-sync # the copy is on disk before it is published
-case "$MODE" in
-publish)
-	mkdir -p "$PGDATA"
-	rm -f "$PGDATA/PG_VERSION"
-	find "$PGDATA" -mindepth 1 -maxdepth 1 ! -name ` + stagingDir + ` -exec rm -rf {} +
-	for f in "$S"/* "$S"/.[!.]* "$S"/..?*; do
-		[ -e "$f" ] || [ -L "$f" ] || continue
-		[ "${f##*/}" = PG_VERSION ] && continue
-		mv "$f" "$PGDATA/"
-	done
-	mv "$S/PG_VERSION" "$PGDATA/PG_VERSION"
-	rmdir "$S"
-	chown postgres:postgres "$PGDATA"
-	chmod 700 "$PGDATA"
-	;;
-snapshot)
-	mv "$S" "$SNAP/data"
-	sync
-	du -sk "$SNAP/data" | cut -f1
-	;;
-esac
-`
-
 // layout is where an image keeps its data: the volume's mount target
 // and PGDATA, at or below it.
 type layout struct{ target, pgdata string }
@@ -181,8 +96,8 @@ func (b *Backend) sourceOf(ctx context.Context, src backend.Spec, l layout, live
 			return source{}, notOwned("volume", vol, res.Volume.Labels)
 		}
 		return source{
-			mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: srcMount, ReadOnly: true}},
-			fill:   `copydata "` + srcMount + l.below() + `" "$S"`,
+			mounts: []mount.Mount{{Type: mount.TypeVolume, Source: vol, Target: backend.SrcMount, ReadOnly: true}},
+			fill:   backend.FillCopyStopped(backend.SrcMount + l.below()),
 		}, nil
 	}
 	if c.State == nil || !c.State.Running || c.State.Paused {
@@ -218,7 +133,7 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 		return fmt.Errorf("branch %q: volume %q: %w", dst.Name, vol, backend.ErrDataExists)
 	}
 	mounts := append(s.mounts, mount.Mount{Type: mount.TypeVolume, Source: vol, Target: l.target})
-	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.pgdata+"/"+stagingDir, "MODE=publish", "FILL="+s.fill)
+	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.pgdata+"/"+backend.StagingDir, "MODE=publish", "FILL="+s.fill)
 	// Labelled as dst's, whose volume it writes: rm --volumes of dst
 	// sweeps one a crash left.
 	writer := dst
@@ -260,8 +175,8 @@ func (b *Backend) Snapshot(ctx context.Context, spec backend.Spec, label string,
 	if _, err := b.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: vol, Labels: labels}); err != nil {
 		return backend.Snapshot{}, fmt.Errorf("create volume %q: %w", vol, err)
 	}
-	mounts := append(s.mounts, mount.Mount{Type: mount.TypeVolume, Source: vol, Target: snapMount})
-	env := append(s.env, "PGDATA="+l.pgdata, "SNAP="+snapMount, "S="+snapMount+"/data.partial", "MODE=snapshot", "FILL="+s.fill)
+	mounts := append(s.mounts, mount.Mount{Type: mount.TypeVolume, Source: vol, Target: backend.SnapMount})
+	env := append(s.env, "PGDATA="+l.pgdata, "SNAP="+backend.SnapMount, "S="+backend.SnapMount+"/data.partial", "MODE=snapshot", "FILL="+s.fill)
 	out, err := b.runHelper(ctx, spec, mounts, s.netMode, env)
 	if err != nil {
 		return backend.Snapshot{}, errors.Join(fmt.Errorf("snapshot %q of %q: %w", label, spec.Name, err), b.rollbackVolume(ctx, vol))
@@ -372,13 +287,11 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, label string) 
 		return err
 	}
 	mounts := []mount.Mount{
-		{Type: mount.TypeVolume, Source: snap, Target: snapMount, ReadOnly: true},
+		{Type: mount.TypeVolume, Source: snap, Target: backend.SnapMount, ReadOnly: true},
 		{Type: mount.TypeVolume, Source: vol, Target: l.target},
 	}
-	// A snapshot whose copy never completed has no "data": refuse it
-	// before anything of the project's data is touched.
-	fill := `[ -s "` + snapMount + `/data/PG_VERSION" ] || { echo "snapshot is incomplete (its copy was interrupted); delete it" >&2; exit 3; }; copy "` + snapMount + `/data" "$S"`
-	env := []string{"PGDATA=" + l.pgdata, "S=" + l.pgdata + "/" + stagingDir, "MODE=publish", "FILL=" + fill}
+	fill := backend.FillRestore(backend.SnapMount)
+	env := []string{"PGDATA=" + l.pgdata, "S=" + l.pgdata + "/" + backend.StagingDir, "MODE=publish", "FILL=" + fill}
 	if _, err := b.runHelper(ctx, spec, mounts, "", env); err != nil {
 		return fmt.Errorf("restore project %q from snapshot %q: %w", spec.Name, label, err)
 	}
@@ -401,7 +314,7 @@ func (b *Backend) DeleteSnapshot(ctx context.Context, spec backend.Spec, label s
 // helperTimeout bounds one copy: a terabyte at disk speed.
 const helperTimeout = 2 * time.Hour
 
-// runHelper runs copyScript in a throwaway container of spec's image (its
+// runHelper runs backend.CopyScript in a throwaway container of spec's image (its
 // own binaries, so pg_basebackup matches the server's version) and
 // returns what it printed. The container is labelled as the project's, so
 // Remove and RemoveAll sweep one left by a crash, and as a helper, so its
@@ -417,7 +330,7 @@ func (b *Backend) runHelper(ctx context.Context, spec backend.Spec, mounts []mou
 		Config: &container.Config{
 			Image:      spec.Image,
 			User:       "0",
-			Entrypoint: []string{"sh", "-c", copyScript},
+			Entrypoint: []string{"sh", "-c", backend.CopyScript},
 			Cmd:        []string{"pgwake-copy"}, // $0, for its messages
 			Env:        env,
 			Labels:     labels,
