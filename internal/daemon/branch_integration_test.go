@@ -19,23 +19,40 @@ import (
 	"github.com/pgwake/pgwake/internal/config"
 	"github.com/pgwake/pgwake/internal/localbackend"
 	"github.com/pgwake/pgwake/internal/testenv"
+	"github.com/pgwake/pgwake/internal/testenv/kubeenv"
 )
 
 // brancherBackends runs fn against a daemon on each backend that branches:
-// Docker (a real engine, the offline test image) and local processes
-// (Debian's PostgreSQL binaries).
+// Docker (a real engine, the offline test image), local processes
+// (Debian's PostgreSQL binaries) and Kubernetes (a real control plane in
+// a namespace of the test's; simulated: the node, see kubeenv).
 func brancherBackends(t *testing.T, fn func(t *testing.T, cl *admin.Client)) {
-	for _, name := range []string{"docker", "local"} {
+	for _, name := range []string{"docker", "local", "kubernetes"} {
 		t.Run(name, func(t *testing.T) {
-			if name == "local" {
+			mutate := func(c *config.Config) { c.Backend = name }
+			switch name {
+			case "local":
 				if _, err := localbackend.FindBinDir(); err != nil {
 					t.Fatalf("this test needs PostgreSQL server binaries (scripts/setup installs them): %v", err)
 				}
+			case "kubernetes":
+				env := kubeenv.Shared(t)
+				ns := env.NewNamespace(t)
+				mutate = func(c *config.Config) {
+					c.Backend = name
+					c.Kubernetes.Kubeconfig, c.Kubernetes.Namespace = env.Kubeconfig, ns
+				}
 			}
-			cl, _, _ := runDaemon(t, func(c *config.Config) { c.Backend = name })
+			cl, _, _ := runDaemon(t, mutate)
 			fn(t, cl)
 		})
 	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	kubeenv.StopShared()
+	os.Exit(code)
 }
 
 func connect(t *testing.T, url string) *pgx.Conn {

@@ -582,6 +582,10 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 		t.Fatal(err)
 	}
 	query(t, ep.Addr, s, "select 1::text")
+	// A copy of the running server: a helper Pod, exec in both Pods, a PVC.
+	if _, err := be.Snapshot(ctx, s, "live", true); err != nil {
+		t.Fatalf("snapshot as the documented Role: %v", err)
+	}
 	// Peer-aware idle: the Role lets it publish its use and read others'.
 	be.Use("rbac", backend.Use{Conns: 1})
 	_, lease := be.Peer()
@@ -596,6 +600,20 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 	rc.Close()
 	if err := be.Sleep(ctx, s, backend.SleepStop); err != nil {
 		t.Fatal(err)
+	}
+	// File copies of the stopped server: a hold on its StatefulSet, a
+	// branch's PVC, a restore, a snapshot's deletion.
+	if err := be.Branch(ctx, s, spec(t, "rbac-branch"), false); err != nil {
+		t.Fatalf("branch as the documented Role: %v", err)
+	}
+	if err := be.Restore(ctx, s, "live"); err != nil {
+		t.Fatalf("restore as the documented Role: %v", err)
+	}
+	if snaps, err := be.Snapshots(ctx, s, true); err != nil || len(snaps) != 1 {
+		t.Fatalf("snapshots as the documented Role: %v, %v", snaps, err)
+	}
+	if err := be.DeleteSnapshot(ctx, s, "live"); err != nil {
+		t.Fatalf("delete a snapshot as the documented Role: %v", err)
 	}
 	if err := be.Remove(ctx, s, false); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -300,15 +301,7 @@ func podPhase(pod *corev1.Pod) string {
 
 // pvcPending describes the project's PVC when it is not bound.
 func (b *Backend) pvcPending(ctx context.Context, project string) string {
-	pvc, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, pvcName(project), metav1.GetOptions{})
-	if err != nil || pvc.Status.Phase == corev1.ClaimBound {
-		return ""
-	}
-	class := "the default StorageClass"
-	if pvc.Spec.StorageClassName != nil {
-		class = "StorageClass " + *pvc.Spec.StorageClassName
-	}
-	return fmt.Sprintf("PVC %s is %s (%s)", pvc.Name, pvc.Status.Phase, class)
+	return b.pvcPendingNamed(ctx, pvcName(project))
 }
 
 // WillInitialize implements backend.Initializer: a project without its
@@ -362,10 +355,25 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endp
 			}
 		}
 	}()
-	if scaledUp {
-		if err := b.scale(ctx, set.Name, 1); err != nil {
+	// A copy or restore of the data (any pgwake's, AnnotationHeldUntil)
+	// is waited for, as a held project's clients wait. The scale is
+	// conditional on the StatefulSet read: one held meanwhile is a
+	// conflict, and read again.
+	for scaledUp {
+		if err := b.awaitUnheld(ctx, spec.Name, set); err != nil {
 			return backend.Endpoint{}, err
 		}
+		err := b.scaleIf(ctx, set, 1)
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) {
+			return backend.Endpoint{}, err
+		}
+		if set, err = b.cs.AppsV1().StatefulSets(b.ns).Get(ctx, set.Name, metav1.GetOptions{}); err != nil {
+			return backend.Endpoint{}, b.apiErr(err, "read statefulset "+objectName(spec.Name))
+		}
+		scaledUp = ptr.Deref(set.Spec.Replicas, 0) != 1
 	}
 	t = b.step(spec.Name, "scale", t)
 	image := set.Spec.Template.Spec.Containers[0].Image
@@ -415,11 +423,24 @@ func (b *Backend) awaitReady(ctx context.Context, project string, port int, firs
 
 // scale sets the StatefulSet's replicas through the scale subresource.
 func (b *Backend) scale(ctx context.Context, name string, replicas int32) error {
+	return b.scaleAt(ctx, name, "", replicas)
+}
+
+// scaleIf scales set only if it is unchanged since it was read: the API
+// server answers a conflict otherwise (its error wrapped).
+func (b *Backend) scaleIf(ctx context.Context, set *appsv1.StatefulSet, replicas int32) error {
+	return b.scaleAt(ctx, set.Name, set.ResourceVersion, replicas)
+}
+
+func (b *Backend) scaleAt(ctx context.Context, name, version string, replicas int32) error {
 	scale := &autoscalingv1.Scale{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns, ResourceVersion: version},
 		Spec:       autoscalingv1.ScaleSpec{Replicas: replicas},
 	}
 	if _, err := b.cs.AppsV1().StatefulSets(b.ns).UpdateScale(ctx, name, scale, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("scale statefulset %s: %w", name, err)
+		}
 		return b.apiErr(err, fmt.Sprintf("scale statefulset %s to %d", name, replicas))
 	}
 	return nil
