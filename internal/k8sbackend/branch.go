@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/client-go/util/exec"
+	"k8s.io/streaming/pkg/httpstream"
 	"k8s.io/utils/ptr"
 
 	"github.com/pgwake/pgwake/internal/backend"
@@ -632,13 +632,13 @@ func (b *Backend) startHelper(ctx context.Context, job copyJob) (*corev1.Pod, er
 	wctx, cancel := context.WithTimeout(ctx, helperStartTimeout)
 	defer cancel()
 	lw := &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
-			return b.cs.CoreV1().Pods(b.ns).List(wctx, o)
+			return b.cs.CoreV1().Pods(b.ns).List(ctx, o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
-			return b.cs.CoreV1().Pods(b.ns).Watch(wctx, o)
+			return b.cs.CoreV1().Pods(b.ns).Watch(ctx, o)
 		},
 	}
 	var last *corev1.Pod
