@@ -336,6 +336,9 @@ type Record struct {
 	// Saved is set once the settings were saved (Save): a project seen
 	// before that is still being created.
 	Saved bool
+	// Parent is the project a branch was copied from, at BranchedAt.
+	Parent     string
+	BranchedAt time.Time
 	// Adopted names the object a project was adopted from
 	// ("statefulset/db"): the runtime's owner made it and pgwake only
 	// sleeps and wakes it. Removing the project forgets it and never

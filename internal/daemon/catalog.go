@@ -110,6 +110,7 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 		Name: r.Spec.Name, Image: r.Spec.Image, User: r.Spec.User, Password: r.Spec.Password,
 		Database: r.Spec.Database, SleepAfter: r.SleepAfter, SleepMode: string(r.SleepMode),
 		Pinned: r.Pinned, Ephemeral: r.Ephemeral, Backend: name, CreatedAt: r.CreatedAt, Adopted: r.Adopted,
+		Parent: r.Parent, BranchedAt: r.BranchedAt,
 	}
 	if p.SleepMode == "" {
 		p.SleepMode = string(backend.SleepStop)
@@ -184,5 +185,6 @@ func record(p state.Project) backend.Record {
 	return backend.Record{
 		Spec: spec(p), SleepAfter: p.SleepAfter, SleepMode: backend.SleepMode(p.SleepMode),
 		Pinned: p.Pinned, Ephemeral: p.Ephemeral, CreatedAt: p.CreatedAt, Saved: true, Adopted: p.Adopted,
+		Parent: p.Parent, BranchedAt: p.BranchedAt,
 	}
 }

@@ -66,6 +66,28 @@ func TestIntegrationBranchSnapshotRestore(t *testing.T) {
 	if got := query(t, dep.Addr, asSrc, "select count(*)::text from t"); got != "100" {
 		t.Errorf("the branch has %s rows, want the 100 of its point", got)
 	}
+	// Every pgwake of the namespace sees the branch's parent.
+	branchedAt := time.Now().UTC().Truncate(time.Second)
+	if err := f.be.Save(ctx, backend.Record{Spec: dst, SleepMode: backend.SleepStop, Parent: "src", BranchedAt: branchedAt}); err != nil {
+		t.Fatal(err)
+	}
+	other := newBackend(t, f.env, f.ns, k8sbackend.DialPortForward)
+	recs, err := other.Projects(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range recs {
+		if r.Spec.Name == "dst" {
+			found = true
+			if r.Parent != "src" || !r.BranchedAt.Equal(branchedAt) {
+				t.Errorf("another pgwake reads parent %q at %v, want src at %v", r.Parent, r.BranchedAt, branchedAt)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("another pgwake does not list the branch: %+v", recs)
+	}
 	if err := f.be.Branch(ctx, src, dst, true); !errors.Is(err, backend.ErrDataExists) {
 		t.Errorf("branch onto existing data: %v, want ErrDataExists", err)
 	}

@@ -11,6 +11,12 @@
 // API server (the path `kubectl port-forward` takes) from outside. State
 // is read from informer caches, so Status, which the proxy calls for every
 // client connection, costs no API round trip.
+//
+// Branches, snapshots and restores (backend.Brancher, branch.go) copy data
+// in short-lived helper Pods of the project's image: a stopped server's
+// PVC mounted read-only, or a base backup exec-ed in the running server's
+// Pod and piped through pgwake. Snapshots are PVCs with the project's
+// labels.
 package k8sbackend
 
 import (
@@ -57,6 +63,10 @@ const (
 	AnnotationSleepMode  = "dev.pgwake.sleep-mode"
 	AnnotationPinned     = "dev.pgwake.pinned"
 	AnnotationCreatedAt  = "dev.pgwake.created-at"
+	// AnnotationParent and AnnotationBranchedAt are a branch's source
+	// project and when it was copied.
+	AnnotationParent     = "dev.pgwake.parent"
+	AnnotationBranchedAt = "dev.pgwake.branched-at"
 	// AnnotationEphemeral names the pgwake instance whose `down` removes
 	// the project: only the pgwake that created it as ephemeral.
 	AnnotationEphemeral = "dev.pgwake.ephemeral-instance"

@@ -254,6 +254,10 @@ func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
 	if rec.Ephemeral {
 		a[AnnotationEphemeral] = b.instance
 	}
+	if rec.Parent != "" {
+		a[AnnotationParent] = rec.Parent
+		a[AnnotationBranchedAt] = rec.BranchedAt.UTC().Format(time.RFC3339)
+	}
 	if _, err := b.cs.AppsV1().StatefulSets(b.ns).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsConflict(err) {
 			// Changed meanwhile (a scale): read it again and retry once.
@@ -303,7 +307,9 @@ func (b *Backend) Projects(ctx context.Context) ([]backend.Record, error) {
 			Pinned:    s.Annotations[AnnotationPinned] == "true",
 			Ephemeral: b.instance != "" && s.Annotations[AnnotationEphemeral] == b.instance,
 			Saved:     s.Annotations[AnnotationSleepAfter] != "",
+			Parent:    s.Annotations[AnnotationParent],
 		}
+		rec.BranchedAt, _ = time.Parse(time.RFC3339, s.Annotations[AnnotationBranchedAt])
 		if d, err := time.ParseDuration(s.Annotations[AnnotationSleepAfter]); err == nil {
 			rec.SleepAfter = d
 		}
