@@ -121,6 +121,24 @@ func TestIntegrationKubernetesTwoPgwakes(t *testing.T) {
 		t.Errorf("pgwake logs (the Pod's log) lacks Postgres's start:\n%s", logs)
 	}
 
+	// A branch made through b, of the running project, is a project of
+	// the namespace: a lists it with its parent and serves its data, with
+	// the branch's own password.
+	b.ok(t, "branch", "app", "app-b")
+	eventually(t, "a lists b's branch", func() string {
+		if s := stateOf(a.projects(t), "app-b"); s == "absent" {
+			return "absent"
+		}
+		return ""
+	})
+	if p := a.mustProject(t, "app-b"); p.Parent != "app" || p.BranchedAt.IsZero() {
+		t.Errorf("a shows the branch's parent %q taken %v", p.Parent, p.BranchedAt)
+	}
+	if pb := pw(strings.TrimSpace(a.ok(t, "url", "app-b"))); pb == "" || pb == pw(urlA) {
+		t.Errorf("the branch's password %q is empty or its source's", pb)
+	}
+	a.wantNotes(t, "app-b", "written through b")
+
 	// What the kubernetes backend cannot do is refused in one line.
 	for _, mode := range []string{"pause", "tiered"} {
 		if r := a.fail(t, "create", "frozen", "--sleep-mode", mode); !strings.Contains(r.stderr, "cannot pause") {

@@ -1,6 +1,7 @@
 package k8sbackend
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -75,7 +76,8 @@ const (
 // recycled meanwhile however busy the server is; the slot goes with the
 // session, also when this shell is killed. The connection is the Pod's
 // loopback, which the official image's pg_hba.conf admits for
-// replication; the password is the container's own env.
+// replication; the password is the container's own env. Done, it waits
+// for stdin to end: pgwake closes it once it has read the whole archive.
 const backupScript = `set -eu
 export PGHOST=127.0.0.1 PGPORT=5432 PGUSER="${POSTGRES_USER:-postgres}" PGPASSWORD="${POSTGRES_PASSWORD:-}" PGDATABASE=postgres
 rc=/tmp/pgwake-backup.$$
@@ -88,12 +90,14 @@ EOF
 code=$(cat "$rc" 2>/dev/null || echo none)
 rm -f "$rc"
 [ "$code" = 0 ] || { echo "pg_basebackup failed (exit $code)" >&2; exit 5; }
+cat >/dev/null
 `
 
 // fillFromStdin is CopyScript's FILL for a base backup arriving as a tar
 // on stdin. pg_basebackup writes backup_manifest last: without it the
-// stream ended early and nothing is published.
-const fillFromStdin = `tar -x -f - -C "$S"; [ -s "$S/backup_manifest" ] || { echo "the base backup stream ended early" >&2; exit 5; }`
+// stream ended early and nothing is published. The rest of stdin is read
+// to its end, which pgwake makes right after the archive's.
+const fillFromStdin = `tar -x -f - -C "$S" && cat >/dev/null; [ -s "$S/backup_manifest" ] || { echo "the base backup stream ended early" >&2; exit 5; }`
 
 // copyJob is one run of backend.CopyScript in a helper Pod.
 type copyJob struct {
@@ -530,28 +534,49 @@ func (b *Backend) runCopy(ctx context.Context, job copyJob) (string, error) {
 		}
 		return out.String(), nil
 	}
-	// The backup's tar goes from one exec's stdout to the other's stdin.
-	// Either side failing ends both: the helper then sees its stdin end
-	// without the backup's manifest and publishes nothing.
-	pr, pw := io.Pipe()
+	// The backup's tar goes from one exec's stdout to the other's stdin
+	// through pgwake, which reads the archive as it passes. At its end
+	// the helper's stdin is closed, which it reads to EOF, and then the
+	// source's, which its script waits for: so neither session ends, and
+	// the API server closes neither connection, while data sent on it is
+	// unread. A close with unread data is a reset, and a reset discards
+	// what the other side has not read yet (on a loaded machine, a
+	// backup's last megabytes and its status). Either side failing ends
+	// both: the helper then sees its stdin end without the backup's
+	// manifest and publishes nothing.
 	pctx, stopBoth := context.WithCancel(ctx)
 	defer stopBoth()
+	srcIn, srcInW := io.Pipe()
+	srcOut, srcOutW := io.Pipe()
+	dstIn, dstInW := io.Pipe()
 	srcErr := make(chan error, 1)
-	var srcOut bytes.Buffer
+	var srcStderr bytes.Buffer
 	go func() {
-		err := b.exec(pctx, job.source.Name, postgresContainer(job.source), []string{"sh", "-c", backupScript, "pgwake-backup"}, nil, pw, &srcOut)
+		err := b.exec(pctx, job.source.Name, postgresContainer(job.source), []string{"sh", "-c", backupScript, "pgwake-backup"}, srcIn, srcOutW, &srcStderr)
 		if err != nil {
-			err = fmt.Errorf("base backup in pod %s: %w", job.source.Name, copyErr(err, &srcOut))
+			err = fmt.Errorf("base backup in pod %s: %w", job.source.Name, copyErr(err, &srcStderr))
 			stopBoth()
 		}
-		pw.CloseWithError(err)
+		srcOutW.CloseWithError(err)
 		srcErr <- err
 	}()
+	go func() {
+		err := relayArchive(dstInW, srcOut)
+		dstInW.CloseWithError(err)
+		srcInW.Close()
+		if err != nil {
+			stopBoth()
+			srcOut.CloseWithError(err)
+			return
+		}
+		// What follows the archive (its padding) is read, not left.
+		_, _ = io.Copy(io.Discard, srcOut)
+	}()
 	var out, errOut bytes.Buffer
-	err = b.exec(pctx, pod.Name, "copy", script, pr, &out, &errOut)
+	err = b.exec(pctx, pod.Name, "copy", script, dstIn, &out, &errOut)
 	if err != nil {
 		stopBoth()
-		pr.CloseWithError(err)
+		dstIn.CloseWithError(err)
 	}
 	if serr := <-srcErr; serr != nil {
 		return "", serr
@@ -560,6 +585,24 @@ func (b *Backend) runCopy(ctx context.Context, job copyJob) (string, error) {
 		return "", copyErr(err, &errOut)
 	}
 	return out.String(), nil
+}
+
+// relayArchive copies one tar archive from r to w, up to and including
+// its end-of-archive blocks, and reads no further.
+func relayArchive(w io.Writer, r io.Reader) error {
+	tr := tar.NewReader(io.TeeReader(r, w))
+	for {
+		_, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err == nil {
+			_, err = io.Copy(io.Discard, tr)
+		}
+		if err != nil {
+			return fmt.Errorf("the base backup stream: %w", err)
+		}
+	}
 }
 
 // copyErr is an exec's error with the end of what the command printed on
