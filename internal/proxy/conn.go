@@ -135,6 +135,10 @@ func (c *clientConn) serve(ctx context.Context) {
 	}
 	if err != nil {
 		code, msg := pgwire.CodeConnectionFailure, err.Error()
+		var held *HeldError
+		if errors.As(err, &held) {
+			code = pgwire.CodeCannotConnectNow
+		}
 		if s.isClosing() || ctx.Err() != nil {
 			code, msg = pgwire.CodeAdminShutdown, "pgwake is shutting down"
 		}

@@ -112,6 +112,8 @@ type project struct {
 	queued     int // of those, parked waiting for a wake or a sleep to end
 	wake       *wakeCall
 	stopDone   chan struct{} // closed when an in-flight sleep ends
+	heldFor    string        // while StateHeld: why (a branch, a reset)
+	heldSince  time.Time
 	lastActive time.Time
 	wokeAt     time.Time
 	failures   int
@@ -209,6 +211,23 @@ func (e *WakeError) Error() string {
 }
 
 func (e *WakeError) Unwrap() error { return e.Err }
+
+// HeldError is a client's wake that waited the wake timeout for a hold
+// (a copy of the project's data) to end: the client is told to try again
+// (57P03) rather than kept parked for as long as a large copy takes.
+type HeldError struct {
+	Project string
+	For     string // why the project is held
+	Since   time.Time
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("project %q is held for %s (since %s): try again shortly",
+		e.Project, e.For, e.Since.Format(time.TimeOnly))
+}
+
+// errHeldTooLong ends a client's wait for a hold.
+var errHeldTooLong = errors.New("held for longer than the wake timeout")
 
 // errRemoved is returned to clients of a project removed while they waited.
 var errRemoved = errors.New("project was removed")
@@ -332,6 +351,8 @@ func (p *project) spec() backend.Spec {
 // put to sleep between this check and its use: that is the "register
 // before checking state" rule that prevents lost wake-ups.
 func (p *project) awake(ctx context.Context) (target, error) {
+	// A wait for a hold is bounded like a wake, from when it began.
+	var heldCtx context.Context
 	for {
 		p.mu.Lock()
 		if p.removed {
@@ -349,9 +370,22 @@ func (p *project) awake(ctx context.Context) (target, error) {
 			return t, nil
 		case StateStopping, StateHeld:
 			ch := p.stopDone
+			pctx := ctx
+			held := &HeldError{Project: p.name, For: p.heldFor, Since: p.heldSince}
+			if p.state == StateHeld {
+				if heldCtx == nil {
+					var cancel context.CancelFunc
+					heldCtx, cancel = context.WithTimeoutCause(ctx, p.env.wakeTimeout, errHeldTooLong)
+					defer cancel()
+				}
+				pctx = heldCtx
+			}
 			p.queued++
 			p.mu.Unlock()
-			if err := p.park(ctx, ch); err != nil {
+			if err := p.park(pctx, ch); err != nil {
+				if ctx.Err() == nil && errors.Is(context.Cause(pctx), errHeldTooLong) {
+					return target{}, held
+				}
 				return target{}, err
 			}
 			continue // it is asleep now; wake it again
@@ -1318,6 +1352,7 @@ func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, 
 		wasRunning := p.state == StateRunning
 		done := make(chan struct{})
 		p.state, p.stopDone = StateHeld, done
+		p.heldFor, p.heldSince = why, p.env.now()
 		p.recordLocked("held: %s", why)
 		spec := p.cfg.Spec
 		p.mu.Unlock()

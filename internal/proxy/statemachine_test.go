@@ -508,6 +508,45 @@ func TestFirstStartIsKeptOutOfWakeLatencies(t *testing.T) {
 	}
 }
 
+// A client that connects to a project held for longer than the wake
+// timeout (a large copy) is told to try again, 57P03 with why it is held,
+// and nothing starts the server under the copy.
+func TestHeldTooLongTellsClientsToRetry(t *testing.T) {
+	t.Parallel()
+	be := &scriptBackend{status: backend.Status{State: backend.StateStopped}}
+	// The wake timeout bounds only the wait for the hold here: the hold
+	// lasts until the client has its answer, however slow the machine.
+	srv, addr := serveBackend(t, be, proxy.Options{StatusInterval: time.Hour, WakeTimeout: 300 * time.Millisecond})
+	entered, gate := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- srv.HoldAsleep(t.Context(), "app", false, false, "branch app-2", func(context.Context) error {
+			close(entered)
+			<-gate
+			return nil
+		})
+	}()
+	<-entered
+	pgErr := connectErr(t, addr)
+	if pgErr.Code != "57P03" || !strings.Contains(pgErr.Message, "held for branch app-2") {
+		t.Errorf("client of a held project got %s %q, want 57P03 naming the branch", pgErr.Code, pgErr.Message)
+	}
+	var he *proxy.HeldError
+	if err := srv.Wake(t.Context(), "app"); !errors.As(err, &he) || he.For != "branch app-2" {
+		t.Errorf("Wake of a held project: %v, want a HeldError", err)
+	}
+	if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateHeld || st.Queued != 0 {
+		t.Errorf("after the clients gave up: %s with %d queued, want held with none", st.State, st.Queued)
+	}
+	close(gate)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if n := be.startCount(); n != 0 {
+		t.Fatalf("%d starts, want 0", n)
+	}
+}
+
 // A hold keeps a sleeping project asleep while its data is copied: a wake
 // asked for meanwhile waits for the hold, and starts the server after it,
 // once. An awake project is not held unless the hold may stop it.
