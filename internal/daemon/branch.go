@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/url"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/pgwake/pgwake/internal/admin"
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/pgauth"
 	"github.com/pgwake/pgwake/internal/proxy"
 	"github.com/pgwake/pgwake/internal/state"
 )
@@ -163,8 +163,14 @@ func (d *Daemon) setPassword(ctx context.Context, be backend.Backend, sp backend
 		}
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	// ALTER ROLE takes no parameters; the password is pgwake's own hex.
-	sql := "ALTER ROLE " + pgx.Identifier{sp.User}.Sanitize() + " PASSWORD '" + strings.ReplaceAll(sp.Password, "'", "''") + "'"
+	// The verifier, not the password, goes in the statement, where
+	// log_statement or pg_stat_statements would keep it. ALTER ROLE takes
+	// no parameters; the verifier is base64 and '$'.
+	verifier, err := pgauth.SCRAMVerifier(sp.Password)
+	if err != nil {
+		return err
+	}
+	sql := "ALTER ROLE " + pgx.Identifier{sp.User}.Sanitize() + " PASSWORD '" + verifier + "'"
 	if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
 		return fmt.Errorf("set the branch's password: %w", err)
 	}
