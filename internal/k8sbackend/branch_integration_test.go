@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -163,7 +164,17 @@ func TestIntegrationBranchSnapshotRestore(t *testing.T) {
 			t.Errorf("copy helper pod %s left behind", p.Name)
 		}
 	}
-	// rm --volumes takes the snapshots with the data.
+	// rm --volumes takes the snapshots with the data, and a copy helper
+	// that a killed pgwake left (here one made as startHelper makes them).
+	left := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "pgwake-src-copy-left", Labels: map[string]string{
+			k8sbackend.LabelManaged: "true", k8sbackend.LabelCopyOf: "src"}},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+			Name: "copy", Image: src.Image, Command: []string{"sleep", "3600"}}}},
+	}
+	if _, err := f.env.Client.CoreV1().Pods(f.ns).Create(ctx, left, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := f.be.Remove(ctx, src, true); err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +184,9 @@ func TestIntegrationBranchSnapshotRestore(t *testing.T) {
 			_, err := f.env.Client.CoreV1().PersistentVolumeClaims(f.ns).Get(ctx, k8sbackend.SnapshotClaim("src", "files"), metav1.GetOptions{})
 			return err
 		})
+	}
+	if p, err := f.env.Client.CoreV1().Pods(f.ns).Get(ctx, left.Name, metav1.GetOptions{}); err == nil && p.DeletionTimestamp == nil {
+		t.Error("rm --volumes left the project's copy helper pod")
 	}
 }
 

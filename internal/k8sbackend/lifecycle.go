@@ -602,6 +602,12 @@ func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) e
 	if !volumes {
 		return nil
 	}
+	// Its copy helpers too: one a killed pgwake left holds its PVCs.
+	helpers := labels.Set{LabelManaged: "true", LabelCopyOf: spec.Name}.String()
+	if err := b.cs.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
+		metav1.ListOptions{LabelSelector: helpers}); err != nil && !apierrors.IsNotFound(err) {
+		return b.apiErr(err, "delete copy helper pods")
+	}
 	return b.removeData(ctx, labels.Set(b.labels(spec.Name)).String())
 }
 
