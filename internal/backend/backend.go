@@ -298,6 +298,24 @@ func CanPause(b Backend) bool {
 	return true
 }
 
+// Killer is implemented by backends that can stop a server at once
+// (Postgres's immediate shutdown: no final checkpoint), for a server whose
+// data is about to be replaced, where a clean shutdown's checkpoint writes
+// what is thrown away next. Committed data stays safe either way: the
+// next start recovers from the WAL.
+type Killer interface {
+	Kill(ctx context.Context, spec Spec) error
+}
+
+// Kill stops spec's server at once where b can, else cleanly
+// (Sleep with SleepStop).
+func Kill(ctx context.Context, b Backend, spec Spec) error {
+	if k, ok := b.(Killer); ok {
+		return k.Kill(ctx, spec)
+	}
+	return b.Sleep(ctx, spec, SleepStop)
+}
+
 // Initializer is implemented by backends that can tell, before a start,
 // whether it will initialise the server's data (run initdb): a first
 // start takes seconds to minutes where a wake takes a fraction of a

@@ -92,7 +92,7 @@ var validLabel = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 // server, which serves its clients meanwhile). A server that sleeps
 // paused is woken for the backup: its files are not whole.
 func (d *Daemon) copyHeld(ctx context.Context, name, why string, copy func(ctx context.Context, live bool) error) error {
-	err := d.srv.HoldAsleep(ctx, name, false, false, why, func(ctx context.Context) error { return copy(ctx, false) })
+	err := d.srv.HoldAsleep(ctx, name, proxy.HoldNoStop, false, why, func(ctx context.Context) error { return copy(ctx, false) })
 	if errors.Is(err, proxy.ErrAwake) || errors.Is(err, backend.ErrNotStopped) {
 		err = d.srv.WithAwake(ctx, name, func(ctx context.Context) error { return copy(ctx, true) })
 	}
@@ -296,7 +296,7 @@ func (d *Daemon) Reset(ctx context.Context, name string, req admin.ResetRequest)
 		return admin.Snapshot{}, admin.NotFound(fmt.Errorf("project %q has no snapshot %q (`pgwake snapshots %s` lists them)", name, req.Label, name))
 	}
 	start := time.Now()
-	err = d.srv.HoldAsleep(ctx, name, true, req.Force, "reset to snapshot "+snap.Label, func(ctx context.Context) error {
+	err = d.srv.HoldAsleep(ctx, name, proxy.HoldStopDiscard, req.Force, "reset to snapshot "+snap.Label, func(ctx context.Context) error {
 		return br.Restore(ctx, spec(p), snap.Label)
 	})
 	var busy *proxy.BusyError

@@ -294,6 +294,15 @@ func (l *lazyBackend) SupportsPause() bool {
 	return backend.CanPause(be)
 }
 
+// Kill implements backend.Killer.
+func (l *lazyBackend) Kill(ctx context.Context, spec backend.Spec) error {
+	be, err := l.get(ctx)
+	if err != nil {
+		return err
+	}
+	return backend.Kill(ctx, be, spec)
+}
+
 // WillInitialize implements backend.Initializer.
 func (l *lazyBackend) WillInitialize(ctx context.Context, spec backend.Spec) bool {
 	be, err := l.get(ctx)

@@ -779,6 +779,41 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	return nil
 }
 
+// Kill implements backend.Killer: SIGQUIT, Postgres's immediate shutdown.
+// Sent with kill, not stop: engines before API 1.42 ignore stop's signal.
+func (b *Backend) Kill(ctx context.Context, spec backend.Spec) (err error) {
+	defer markUnavailable(&err)
+	c, err := b.inspect(ctx, spec)
+	if err != nil || c == nil || c.State == nil || !c.State.Running {
+		return err
+	}
+	name := b.ContainerName(spec.Name)
+	if c.State.Paused {
+		if _, err := b.cli.ContainerUnpause(ctx, c.ID, client.ContainerUnpauseOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("container %q: unpause before kill: %w", name, err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, stopTimeout*time.Second)
+	defer cancel()
+	exited := b.cli.ContainerWait(wctx, c.ID, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
+	if _, err := b.cli.ContainerKill(ctx, c.ID, client.ContainerKillOptions{Signal: "SIGQUIT"}); err != nil &&
+		!cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) { // gone, or not running
+		return fmt.Errorf("container %q: kill: %w", name, err)
+	}
+	select {
+	case <-exited.Result:
+		return nil
+	case err := <-exited.Error:
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// Not out yet (or the wait failed): the stop's own timeout and
+		// SIGKILL end it.
+		b.log.Warn("the server did not exit on its immediate shutdown; stopping it", "container", name, "err", err)
+		return b.stop(ctx, c.ID, false)
+	}
+}
+
 // stop shuts a container's Postgres down fast (SIGINT, with stopTimeout to
 // finish its checkpoint before Docker kills it: a kill means crash recovery
 // on the next start).

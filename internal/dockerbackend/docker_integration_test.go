@@ -307,6 +307,37 @@ func TestIntegrationRunID(t *testing.T) {
 	if st := status(backend.StateRunning); st.ID != ep2.ID {
 		t.Fatalf("Status ID %q after the second Start, want %q", st.ID, ep2.ID)
 	}
+
+	// Kill (before a reset replaces the data) is an immediate shutdown,
+	// and the next start recovers.
+	waitServing(t, cli, name)
+	if err := b.Kill(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	status(backend.StateStopped)
+	if logs := readLogs(t, b, spec); !strings.Contains(logs, "received immediate shutdown request") {
+		t.Errorf("Kill was not an immediate shutdown; the server's log ends:\n%s", logs)
+	}
+	if err := b.Kill(ctx, spec); err != nil {
+		t.Errorf("Kill of a stopped server: %v", err)
+	}
+	if ep3, err := b.Start(ctx, spec); err != nil || ep3.ID == ep2.ID {
+		t.Fatalf("Start after Kill = %+v, %v", ep3, err)
+	}
+}
+
+func readLogs(t *testing.T, b *dockerbackend.Backend, spec backend.Spec) string {
+	t.Helper()
+	rc, err := b.Logs(t.Context(), spec, false, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	out, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
 
 // TestIntegrationNotOwned: pgwake neither uses, replaces nor removes a

@@ -129,7 +129,7 @@ func (b *Backend) runInitLocked(ctx context.Context, spec backend.Spec, port int
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
-		if err := b.stopLocked(sctx, spec.Name); err != nil {
+		if err := b.stopLocked(sctx, spec.Name, "fast"); err != nil {
 			b.log.Warn("stop the server init scripts ran against", "project", spec.Name, "err", err)
 		}
 		select {

@@ -706,7 +706,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		// Half-initialised data is never served. A server that runs on it
 		// is the socket-only one of an init that a crash of pgwake
 		// interrupted: stop it.
-		if serr := b.stopLocked(ctx, spec.Name); serr != nil {
+		if serr := b.stopLocked(ctx, spec.Name, "fast"); serr != nil {
 			b.log.Warn("stop a server of half-initialised data", "project", spec.Name, "err", serr)
 		}
 		return backend.Endpoint{}, err
@@ -841,17 +841,24 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 		return errors.New("the local backend cannot pause a server; use sleep mode stop")
 	}
 	defer b.lock(spec.Name)()
-	return b.stopLocked(ctx, spec.Name)
+	return b.stopLocked(ctx, spec.Name, "fast")
 }
 
-// stopLocked stops the project's server with a fast shutdown, if it runs.
-func (b *Backend) stopLocked(ctx context.Context, project string) error {
+// Kill implements backend.Killer: pg_ctl's immediate shutdown.
+func (b *Backend) Kill(ctx context.Context, spec backend.Spec) error {
+	defer b.lock(spec.Name)()
+	return b.stopLocked(ctx, spec.Name, "immediate")
+}
+
+// stopLocked stops the project's server, if it runs, with pg_ctl's
+// shutdown mode (fast or immediate).
+func (b *Backend) stopLocked(ctx context.Context, project, mode string) error {
 	// pg_ctl signals whatever pid postmaster.pid names: only a checked one.
 	pf, pm := b.postmaster(project)
 	if pm != pmLive {
 		return nil
 	}
-	if _, err := b.run(b.command(ctx, "pg_ctl", "stop", "-D", b.dataDir(project), "-m", "fast", "-w", "-t", "120")); err != nil {
+	if _, err := b.run(b.command(ctx, "pg_ctl", "stop", "-D", b.dataDir(project), "-m", mode, "-w", "-t", "120")); err != nil {
 		return fmt.Errorf("stop project %q: %w", project, err)
 	}
 	// pg_ctl returns when postmaster.pid is gone, moments before the
@@ -879,7 +886,7 @@ func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) e
 }
 
 func (b *Backend) removeLocked(ctx context.Context, project string, volumes bool) error {
-	if err := b.stopLocked(ctx, project); err != nil {
+	if err := b.stopLocked(ctx, project, "fast"); err != nil {
 		return err
 	}
 	if !volumes {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +176,25 @@ func TestIntegrationIdentity(t *testing.T) {
 		t.Fatalf("after the second start: %+v, want running with ID %s", st, ep2.ID)
 	}
 	serve(t, ep2, spec)
+
+	// Kill (before a reset replaces the data) is an immediate shutdown,
+	// and the next start recovers.
+	if err := b.Kill(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, b, spec); st.State != backend.StateStopped {
+		t.Fatalf("after Kill: %+v, want stopped", st)
+	}
+	rc, err := b.Logs(t.Context(), spec, false, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !strings.Contains(string(logs), "received immediate shutdown request") {
+		t.Errorf("Kill was not an immediate shutdown (%v); the log ends:\n%s", err, logs)
+	}
+	serve(t, start(t, b, spec), spec)
 }
 
 func TestIntegrationExitReason(t *testing.T) {

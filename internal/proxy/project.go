@@ -1318,7 +1318,8 @@ var ErrAwake = errors.New("its server is awake")
 // first. An awake server is ErrAwake unless stop is set; then it is shut
 // down (fast) first, which a server with clients is only with force: their
 // sessions then end with Postgres's own FATAL 57P01.
-func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, fn func(context.Context) error) error {
+func (p *project) holdAsleep(ctx context.Context, how HoldStop, force bool, why string, fn func(context.Context) error) error {
+	stop := how != HoldNoStop
 	for {
 		p.mu.Lock()
 		switch {
@@ -1350,6 +1351,9 @@ func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, 
 			}
 		}
 		wasRunning := p.state == StateRunning
+		// Clients forced out learn why (FATAL 57P01) only from a clean
+		// shutdown; an immediate one just drops them.
+		kill := how == HoldStopDiscard && p.active == 0
 		done := make(chan struct{})
 		p.state, p.stopDone = StateHeld, done
 		p.heldFor, p.heldSince = why, p.env.now()
@@ -1365,7 +1369,11 @@ func (p *project) holdAsleep(ctx context.Context, stop, force bool, why string, 
 			// stopped for its files to be whole, and stopping a stopped
 			// one is a no-op.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(p.env.base), p.env.stopTimeout)
-			stopErr = p.be.Sleep(sctx, spec, backend.SleepStop)
+			if kill {
+				stopErr = backend.Kill(sctx, p.be, spec)
+			} else {
+				stopErr = p.be.Sleep(sctx, spec, backend.SleepStop)
+			}
 			cancel()
 			err = stopErr
 		}

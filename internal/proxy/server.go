@@ -328,13 +328,27 @@ func (s *Server) Sleep(ctx context.Context, name string) error {
 	return p.sleepNow(ctx)
 }
 
+// HoldStop says whether a hold stops an awake server, and how.
+type HoldStop int
+
+const (
+	// HoldNoStop: an awake server is ErrAwake.
+	HoldNoStop HoldStop = iota
+	// HoldStopClean: shut down cleanly (a fast shutdown), data kept.
+	HoldStopClean
+	// HoldStopDiscard: shut down at once, where the backend can
+	// (backend.Killer), for data about to be replaced (a reset); cleanly
+	// when clients are forced out, so that they get FATAL 57P01.
+	HoldStopDiscard
+)
+
 // HoldAsleep runs fn while the project's server is asleep and held so:
 // clients that connect meanwhile wait, and wake it when fn is done. An
-// awake server is ErrAwake unless stop is set; then it is shut down first,
+// awake server is ErrAwake with HoldNoStop; else it is shut down first,
 // which one with clients is only with force (their sessions end with
 // FATAL 57P01), else a *BusyError. why names the hold in the project's
 // history ("reset to snapshot x").
-func (s *Server) HoldAsleep(ctx context.Context, name string, stop, force bool, why string, fn func(context.Context) error) error {
+func (s *Server) HoldAsleep(ctx context.Context, name string, stop HoldStop, force bool, why string, fn func(context.Context) error) error {
 	p := s.project(name)
 	if p == nil {
 		return fmt.Errorf("%w: %q", ErrNoProject, name)

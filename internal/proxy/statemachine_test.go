@@ -520,7 +520,7 @@ func TestHeldTooLongTellsClientsToRetry(t *testing.T) {
 	entered, gate := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		held <- srv.HoldAsleep(t.Context(), "app", false, false, "branch app-2", func(context.Context) error {
+		held <- srv.HoldAsleep(t.Context(), "app", proxy.HoldNoStop, false, "branch app-2", func(context.Context) error {
 			close(entered)
 			<-gate
 			return nil
@@ -564,7 +564,7 @@ func TestHoldAsleepParksWakesUntilDone(t *testing.T) {
 	entered, gate := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		held <- srv.HoldAsleep(ctx, "app", false, false, "copy", func(context.Context) error {
+		held <- srv.HoldAsleep(ctx, "app", proxy.HoldNoStop, false, "copy", func(context.Context) error {
 			close(entered)
 			<-gate
 			return nil
@@ -600,7 +600,7 @@ func TestHoldAsleepParksWakesUntilDone(t *testing.T) {
 	if n := be.startCount(); n != 1 {
 		t.Fatalf("%d starts, want 1", n)
 	}
-	err := srv.HoldAsleep(ctx, "app", false, false, "copy", func(context.Context) error {
+	err := srv.HoldAsleep(ctx, "app", proxy.HoldNoStop, false, "copy", func(context.Context) error {
 		t.Error("held an awake project")
 		return nil
 	})
@@ -608,7 +608,7 @@ func TestHoldAsleepParksWakesUntilDone(t *testing.T) {
 		t.Fatalf("hold of an awake project: %v, want ErrAwake", err)
 	}
 	// May stop it: it is stopped, held, and sleeping after.
-	if err := srv.HoldAsleep(ctx, "app", true, false, "reset", func(context.Context) error { return nil }); err != nil {
+	if err := srv.HoldAsleep(ctx, "app", proxy.HoldStopDiscard, false, "reset", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateSleeping {
