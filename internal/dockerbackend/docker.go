@@ -788,10 +788,8 @@ func (b *Backend) Kill(ctx context.Context, spec backend.Spec) (err error) {
 		return err
 	}
 	name := b.ContainerName(spec.Name)
-	if c.State.Paused {
-		if _, err := b.cli.ContainerUnpause(ctx, c.ID, client.ContainerUnpauseOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			return fmt.Errorf("container %q: unpause before kill: %w", name, err)
-		}
+	if err := b.thaw(ctx, c.ID, c.State.Paused); err != nil {
+		return fmt.Errorf("container %q: %w", name, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, stopTimeout*time.Second)
 	defer cancel()
@@ -818,16 +816,25 @@ func (b *Backend) Kill(ctx context.Context, spec backend.Spec) (err error) {
 // finish its checkpoint before Docker kills it: a kill means crash recovery
 // on the next start).
 func (b *Backend) stop(ctx context.Context, id string, paused bool) error {
-	if paused {
-		// A frozen Postgres cannot handle SIGINT; thaw it so the stop is a
-		// clean fast shutdown rather than a kill after the timeout.
-		if _, err := b.cli.ContainerUnpause(ctx, id, client.ContainerUnpauseOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			return fmt.Errorf("unpause before stop: %w", err)
-		}
+	if err := b.thaw(ctx, id, paused); err != nil {
+		return err
 	}
 	timeout := stopTimeout
 	if _, err := b.cli.ContainerStop(ctx, id, client.ContainerStopOptions{Signal: "SIGINT", Timeout: &timeout}); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("stop: %w", err)
+	}
+	return nil
+}
+
+// thaw unpauses a paused container before a stop or kill: a frozen
+// Postgres handles no signal, and would be killed after the timeout
+// rather than shut down.
+func (b *Backend) thaw(ctx context.Context, id string, paused bool) error {
+	if !paused {
+		return nil
+	}
+	if _, err := b.cli.ContainerUnpause(ctx, id, client.ContainerUnpauseOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("unpause before stopping: %w", err)
 	}
 	return nil
 }

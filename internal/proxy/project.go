@@ -371,7 +371,7 @@ func (p *project) awake(ctx context.Context) (target, error) {
 		case StateStopping, StateHeld:
 			ch := p.stopDone
 			pctx := ctx
-			held := &HeldError{Project: p.name, For: p.heldFor, Since: p.heldSince}
+			heldFor, heldSince := p.heldFor, p.heldSince
 			if p.state == StateHeld {
 				if heldCtx == nil {
 					var cancel context.CancelFunc
@@ -384,7 +384,7 @@ func (p *project) awake(ctx context.Context) (target, error) {
 			p.mu.Unlock()
 			if err := p.park(pctx, ch); err != nil {
 				if ctx.Err() == nil && errors.Is(context.Cause(pctx), errHeldTooLong) {
-					return target{}, held
+					return target{}, &HeldError{Project: p.name, For: heldFor, Since: heldSince}
 				}
 				return target{}, err
 			}
@@ -1315,8 +1315,9 @@ var ErrAwake = errors.New("its server is awake")
 // holdAsleep runs fn with the project's server asleep and held so (state
 // Held): clients that connect meanwhile park, and wake the server once fn
 // is done, with whatever data fn left. A wake or sleep in flight ends
-// first. An awake server is ErrAwake unless stop is set; then it is shut
-// down (fast) first, which a server with clients is only with force: their
+// first. An awake server is ErrAwake with HoldNoStop; with
+// HoldStopDiscard it is shut down first (at once, or fast when it has
+// clients), which a server with clients is only with force: their
 // sessions then end with Postgres's own FATAL 57P01.
 func (p *project) holdAsleep(ctx context.Context, how HoldStop, force bool, why string, fn func(context.Context) error) error {
 	stop := how != HoldNoStop

@@ -334,8 +334,6 @@ type HoldStop int
 const (
 	// HoldNoStop: an awake server is ErrAwake.
 	HoldNoStop HoldStop = iota
-	// HoldStopClean: shut down cleanly (a fast shutdown), data kept.
-	HoldStopClean
 	// HoldStopDiscard: shut down at once, where the backend can
 	// (backend.Killer), for data about to be replaced (a reset); cleanly
 	// when clients are forced out, so that they get FATAL 57P01.
