@@ -589,7 +589,7 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target) er
 // address belonged to that run before and after. A server that is gone
 // gives its exit reason and the last lines of its log.
 func (p *project) confirm(ctx context.Context, spec backend.Spec, t target) error {
-	st, err := p.be.Status(ctx, spec)
+	st, err := p.settledStatus(ctx, spec, t)
 	if err != nil {
 		return fmt.Errorf("check the server is still the one started: %w", err)
 	}
@@ -606,6 +606,37 @@ func (p *project) confirm(ctx context.Context, spec backend.Spec, t target) erro
 		return fmt.Errorf("%w: the server at %s was restarted outside pgwake", errNotOurServer, t.addr)
 	}
 	return nil
+}
+
+// pauseSettle is how long a report that the run pgwake serves is paused
+// is read again before it is believed. Docker 20.10 can apply containerd's
+// event of a pause after the unpause that followed it: for a moment (until
+// the unpause's own event lands) it reports a running container paused.
+const pauseSettle = 2 * time.Second
+
+// settledStatus is the runtime's report on the server, where a report that
+// t's own run is paused is read again (every readyPoll, for pauseSettle at
+// most) until it says otherwise. A server paused for good is believed
+// pauseSettle late; a stale report no longer takes a serving server for
+// gone and wakes it a second time.
+func (p *project) settledStatus(ctx context.Context, spec backend.Spec, t target) (backend.Status, error) {
+	st, err := p.be.Status(ctx, spec)
+	if err != nil || st.State != backend.StatePaused || t.id == "" || st.ID != t.id {
+		return st, err
+	}
+	deadline := time.NewTimer(pauseSettle)
+	defer deadline.Stop()
+	for err == nil && st.State == backend.StatePaused {
+		select {
+		case <-ctx.Done():
+			return st, nil
+		case <-deadline.C:
+			return st, nil
+		case <-time.After(p.env.readyPoll):
+		}
+		st, err = p.be.Status(ctx, spec)
+	}
+	return st, err
 }
 
 // logTailLines is how much of a dead server's log its clients are shown.
@@ -1047,7 +1078,7 @@ func (p *project) observe(st backend.State) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(p.env.base, 10*time.Second)
-	status, err := p.be.Status(ctx, spec)
+	status, err := p.settledStatus(ctx, spec, t0)
 	cancel()
 	if err != nil {
 		return

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -364,6 +365,61 @@ func TestRunningProjectWhoseAddressWasReusedIsWokenNotRelayed(t *testing.T) {
 			}
 			if st, _ := srv.ProjectStatus("app"); st.Wakes != 2 || be.startCount() != 2 {
 				t.Fatalf("wakes %d, starts %d; want 2 and 2", st.Wakes, be.startCount())
+			}
+		})
+	}
+}
+
+// stalePause is scriptBackend reporting its running server paused for the
+// next n reads (FAKE: Docker 20.10 does so for a moment when it applies a
+// pause's event after the unpause that followed, which no test can make it
+// do on demand).
+type stalePause struct {
+	*scriptBackend
+	n atomic.Int32
+}
+
+func (b *stalePause) Status(ctx context.Context, spec backend.Spec) (backend.Status, error) {
+	st, err := b.scriptBackend.Status(ctx, spec)
+	if err == nil && st.State == backend.StateRunning && b.n.Add(-1) >= 0 {
+		st = backend.Status{State: backend.StatePaused, ID: st.ID}
+	}
+	return st, err
+}
+
+func TestStalePausedReportDoesNotWakeAServingServerAgain(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		stale     int32
+		wantWakes int
+	}{
+		{"stale for a few reads", 3, 1},
+		// Paused for good (by hand) while pgwake serves it: believed after
+		// the settle bound, so the client gets the server woken again.
+		{"paused for good", 1 << 30, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			up := newScriptedUpstream(t).named("15-ours")
+			be := &stalePause{scriptBackend: &scriptBackend{}}
+			be.start = func() (backend.Endpoint, error) {
+				if be.starts > 1 {
+					be.n.Store(0) // the wake's unpause: running, and reported so
+				}
+				be.status = backend.Status{State: backend.StateRunning, Addr: up.ln.Addr().String(), ID: "run-1"}
+				return backend.Endpoint{Addr: up.ln.Addr().String(), ID: "run-1"}, nil
+			}
+			srv, paddr := serveBackend(t, be, proxy.Options{ReadyPoll: 10 * time.Millisecond})
+			if v := connectVersion(t, paddr); v != "15-ours" {
+				t.Fatalf("first client reached %q", v)
+			}
+			be.n.Store(tc.stale)
+			if v := connectVersion(t, paddr); v != "15-ours" {
+				t.Fatalf("second client reached %q", v)
+			}
+			if st, _ := srv.ProjectStatus("app"); st.Wakes != tc.wantWakes || be.startCount() != tc.wantWakes {
+				t.Fatalf("wakes %d, starts %d; want %d", st.Wakes, be.startCount(), tc.wantWakes)
 			}
 		})
 	}
