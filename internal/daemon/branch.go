@@ -203,6 +203,17 @@ func (d *Daemon) Snapshot(ctx context.Context, name string, req admin.SnapshotRe
 		return admin.Snapshot{}, apiErr(err)
 	}
 	d.log.Info("snapshot taken", "project", name, "label", label, "bytes", snap.Bytes)
+	if snap.Bytes > 0 {
+		err := d.store.Update(name, func(p *state.Project) {
+			if p.SnapshotBytes == nil {
+				p.SnapshotBytes = map[string]int64{}
+			}
+			p.SnapshotBytes[label] = snap.Bytes
+		})
+		if err != nil {
+			d.log.Warn("recording the snapshot's size", "project", name, "label", label, "err", err)
+		}
+	}
 	d.hub.changed(name)
 	return apiSnapshot(snap), nil
 }
@@ -221,15 +232,37 @@ func (d *Daemon) Snapshots(ctx context.Context, name string) ([]admin.Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := br.Snapshots(ctx, spec(p), true)
+	// Sizes recorded when the snapshots were taken first: the runtime is
+	// asked to measure only those it has none for (taken by an older
+	// pgwake, or by another).
+	snaps, err := br.Snapshots(ctx, spec(p), false)
 	if err != nil {
 		return nil, apiErr(err)
+	}
+	if !knownSizes(snaps, p.SnapshotBytes) {
+		if snaps, err = br.Snapshots(ctx, spec(p), true); err != nil {
+			return nil, apiErr(err)
+		}
+		knownSizes(snaps, p.SnapshotBytes)
 	}
 	out := make([]admin.Snapshot, 0, len(snaps))
 	for _, s := range snaps {
 		out = append(out, apiSnapshot(s))
 	}
 	return out, nil
+}
+
+// knownSizes gives the snapshots without a size the one recorded for
+// their label and reports whether every one has a size now.
+func knownSizes(snaps []backend.Snapshot, recorded map[string]int64) bool {
+	all := true
+	for i := range snaps {
+		if snaps[i].Bytes == 0 {
+			snaps[i].Bytes = recorded[snaps[i].Label]
+		}
+		all = all && snaps[i].Bytes > 0
+	}
+	return all
 }
 
 // checkLabel refuses what cannot be a snapshot's label (a path, say).
@@ -258,6 +291,12 @@ func (d *Daemon) DeleteSnapshot(ctx context.Context, name, label string) error {
 			return admin.NotFound(err)
 		}
 		return apiErr(err)
+	}
+	if _, ok := p.SnapshotBytes[label]; ok {
+		err := d.store.Update(name, func(p *state.Project) { delete(p.SnapshotBytes, label) })
+		if err != nil {
+			d.log.Warn("forgetting the snapshot's size", "project", name, "label", label, "err", err)
+		}
 	}
 	return nil
 }

@@ -66,6 +66,11 @@ type Project struct {
 	// InitError is the recorded failure of the init scripts at the first
 	// start (the data is not served; see backend.InitError).
 	InitError string `json:"init_error,omitempty"`
+	// SnapshotBytes are the sizes of the project's snapshots (by label)
+	// as measured when each was taken: a snapshot never changes, and a
+	// runtime cannot always say it later (Docker's disk usage report is
+	// slow and refused while another one runs).
+	SnapshotBytes map[string]int64 `json:"snapshot_bytes,omitempty"`
 }
 
 type file struct {
