@@ -11,16 +11,6 @@ import (
 	"github.com/pgwake/pgwake/internal/admin"
 )
 
-// rangeArgs is cobra.RangeArgs with a usage exit code and a clearer message.
-func rangeArgs(lo, hi int, what string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if len(args) < lo || len(args) > hi {
-			return usageError(fmt.Errorf("%s expects %s (see pgwake %s --help)", cmd.CommandPath(), what, cmd.Name()))
-		}
-		return nil
-	}
-}
-
 func newBranchCommand(d *deps) *cobra.Command {
 	create := newCreateCommand(d)
 	cmd := &cobra.Command{

@@ -142,9 +142,13 @@ func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", ";
 var globalKeys = []string{"state_dir", "admin_socket", "log_level", "log_format"}
 
 // exactArgs is cobra.ExactArgs with a usage exit code and a clearer message.
-func exactArgs(n int, what string) cobra.PositionalArgs {
+func exactArgs(n int, what string) cobra.PositionalArgs { return rangeArgs(n, n, what) }
+
+// rangeArgs refuses fewer than lo or more than hi arguments with a usage
+// error that says what the command expects.
+func rangeArgs(lo, hi int, what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
-		if len(args) != n {
+		if len(args) < lo || len(args) > hi {
 			return usageError(fmt.Errorf("%s expects %s (see pgwake %s --help)", cmd.CommandPath(), what, cmd.Name()))
 		}
 		return nil
