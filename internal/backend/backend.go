@@ -410,8 +410,11 @@ var ErrDataExists = errors.New("data exists already")
 // the target has no PG_VERSION and a start fails.
 type Brancher interface {
 	// Branch makes dst's data (which must not exist yet) a copy of src's.
-	// dst's server is created by Ensure afterwards, on that data.
-	Branch(ctx context.Context, src, dst Spec, live bool) error
+	// dst's server is created by Ensure afterwards, on that data. Where
+	// the runtime lets it, the copy's superuser (dst.User) gets
+	// dst.Password in the copy itself, and passwordSet says so; else the
+	// copy knows src's password only, and the caller changes it.
+	Branch(ctx context.Context, src, dst Spec, live bool) (passwordSet bool, err error)
 	// Snapshot keeps a copy of spec's data under label, which must be
 	// new for the project.
 	Snapshot(ctx context.Context, spec Spec, label string, live bool) (Snapshot, error)

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgwake/pgwake/internal/admin"
@@ -100,17 +99,19 @@ func (d *Daemon) copyHeld(ctx context.Context, name, why string, copy func(ctx c
 }
 
 // branchData makes dst's data a copy of src's (the caller made dst's state
-// entry; a failure is rolled back by the caller's Remove with volumes),
-// creates dst's server on it and gives it dst's own password: the copy
-// knows only src's, so the server is started once, the password changed
-// through src's, and stopped again.
+// entry; a failure is rolled back by the caller's Remove with volumes) and
+// creates dst's server on it. The copy's superuser gets dst's own password
+// in the copy where the backend can do that; else the server is started
+// once, the password changed through src's, and stopped again.
 func (d *Daemon) branchData(ctx context.Context, src, dst state.Project) error {
 	br, err := d.brancherOf(ctx, src)
 	if err != nil {
 		return err
 	}
-	err = d.copyHeld(ctx, src.Name, "branch "+dst.Name, func(ctx context.Context, live bool) error {
-		return br.Branch(ctx, spec(src), spec(dst), live)
+	var passwordSet bool
+	err = d.copyHeld(ctx, src.Name, "branch "+dst.Name, func(ctx context.Context, live bool) (err error) {
+		passwordSet, err = br.Branch(ctx, spec(src), spec(dst), live)
+		return err
 	})
 	if err != nil {
 		return err
@@ -118,6 +119,9 @@ func (d *Daemon) branchData(ctx context.Context, src, dst state.Project) error {
 	be := d.backendOf(dst)
 	if err := be.Ensure(ctx, spec(dst)); err != nil {
 		return err
+	}
+	if passwordSet {
+		return nil
 	}
 	return d.setPassword(ctx, be, spec(dst), src.Password)
 }
@@ -164,13 +168,11 @@ func (d *Daemon) setPassword(ctx context.Context, be backend.Backend, sp backend
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// The verifier, not the password, goes in the statement, where
-	// log_statement or pg_stat_statements would keep it. ALTER ROLE takes
-	// no parameters; the verifier is base64 and '$'.
-	verifier, err := pgauth.SCRAMVerifier(sp.Password)
+	// log_statement or pg_stat_statements would keep it.
+	sql, err := pgauth.SetPasswordSQL(sp.User, sp.Password)
 	if err != nil {
 		return err
 	}
-	sql := "ALTER ROLE " + pgx.Identifier{sp.User}.Sanitize() + " PASSWORD '" + verifier + "'"
 	if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
 		return fmt.Errorf("set the branch's password: %w", err)
 	}

@@ -171,19 +171,27 @@ func TestIntegrationBranchUnderWriteLoad(t *testing.T) {
 		if got := queryInt(t, c, `select count(*) from rows where batch = -1`); got != 0 {
 			t.Fatalf("a write to the branch shows on the source (%d rows)", got)
 		}
-		// Its own password: the source's does not open it.
-		srcPass := passwordOf(t, src.URL)
-		if passwordOf(t, b.URL) == srcPass {
-			t.Fatal("the branch has its source's password")
-		}
-		direct := strings.Replace(b.URL, ":"+passwordOf(t, b.URL)+"@", ":"+srcPass+"@", 1)
-		if _, err := pgx.Connect(ctx, direct); err == nil {
-			t.Fatal("the source's password opens the branch")
-		}
+		ownPassword(t, src.URL, b.URL)
 		if st, _ := cl.Project(ctx, "src"); st.State != "running" {
 			t.Errorf("source is %s after the branch, want running", st.State)
 		}
 	})
+}
+
+// ownPassword checks that the branch at branchURL has a password of its
+// own (its URL's, which just logged in) and that its source's, at srcURL,
+// does not open it.
+func ownPassword(t *testing.T, srcURL, branchURL string) {
+	t.Helper()
+	srcPass := passwordOf(t, srcURL)
+	if passwordOf(t, branchURL) == srcPass {
+		t.Fatal("the branch has its source's password")
+	}
+	connect(t, branchURL)
+	direct := strings.Replace(branchURL, ":"+passwordOf(t, branchURL)+"@", ":"+srcPass+"@", 1)
+	if _, err := pgx.Connect(t.Context(), direct); err == nil {
+		t.Fatal("the source's password opens the branch")
+	}
 }
 
 func passwordOf(t *testing.T, url string) string {
@@ -363,6 +371,7 @@ func TestIntegrationBranchOfSleepingSource(t *testing.T) {
 		if got := tableDigest(t, bc); got != want {
 			t.Fatal("the branch's rows differ from its source's")
 		}
+		ownPassword(t, src.URL, b.URL)
 		if _, err := cl.Create(ctx, admin.CreateRequest{Name: "job2", From: "nosuch"}); err == nil {
 			t.Fatal("a branch of a project that does not exist was made")
 		}

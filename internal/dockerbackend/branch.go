@@ -18,6 +18,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/pgauth"
 )
 
 // Labels of a snapshot volume (besides the project's) and of the helper
@@ -113,35 +114,41 @@ func (b *Backend) sourceOf(ctx context.Context, src backend.Spec, l layout, live
 }
 
 // Branch implements backend.Brancher. dst's volume is made here, labelled
-// as dst's, and removed again if the copy fails.
-func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) (err error) {
+// as dst's, and removed again if the copy fails. The helper gives the copy
+// dst's password (the SCRAM verifier goes in its environment, which only
+// those who can read the server's own, with the password in it, can read).
+func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) (passwordSet bool, err error) {
 	defer markUnavailable(&err)
 	l, err := b.layout(ctx, src.Image)
 	if err != nil {
-		return err
+		return false, err
 	}
 	s, err := b.sourceOf(ctx, src, l, live)
 	if err != nil {
-		return err
+		return false, err
+	}
+	roleSQL, err := pgauth.SetPasswordSQL(dst.User, dst.Password)
+	if err != nil {
+		return false, err
 	}
 	vol := b.VolumeName(dst.Name)
 	made, err := b.ensureVolume(ctx, dst, vol)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !made {
-		return fmt.Errorf("branch %q: volume %q: %w", dst.Name, vol, backend.ErrDataExists)
+		return false, fmt.Errorf("branch %q: volume %q: %w", dst.Name, vol, backend.ErrDataExists)
 	}
 	mounts := append(s.mounts, mount.Mount{Type: mount.TypeVolume, Source: vol, Target: l.target})
-	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.pgdata+"/"+backend.StagingDir, "MODE=publish", "FILL="+s.fill)
+	env := append(s.env, "PGDATA="+l.pgdata, "S="+l.pgdata+"/"+backend.StagingDir, "MODE=publish", "FILL="+s.fill, "ROLE_SQL="+roleSQL)
 	// Labelled as dst's, whose volume it writes: rm --volumes of dst
 	// sweeps one a crash left.
 	writer := dst
 	writer.Image = src.Image
 	if _, err := b.runHelper(ctx, writer, mounts, s.netMode, env); err != nil {
-		return errors.Join(fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err), b.rollbackVolume(ctx, vol))
+		return false, errors.Join(fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err), b.rollbackVolume(ctx, vol))
 	}
-	return nil
+	return true, nil
 }
 
 // SnapshotVolume is the volume that keeps a project's snapshot.

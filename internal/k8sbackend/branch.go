@@ -111,27 +111,29 @@ type copyJob struct {
 
 // Branch implements backend.Brancher. dst's PVC (the name its
 // StatefulSet's claim template gives) is made here, labelled as dst's and
-// as large as src's at least, and deleted again if the copy fails.
-func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) error {
+// as large as src's at least, and deleted again if the copy fails. The copy
+// keeps src's password: a helper Pod's environment is part of its object,
+// readable wherever Pods are, so the caller sets dst's through the server.
+func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) (bool, error) {
 	if err := validName(dst.Name); err != nil {
-		return err
+		return false, err
 	}
 	job, release, err := b.sourceJob(ctx, src, live)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer release()
 	claim := pvcName(dst.Name)
 	if _, err := b.cs.CoreV1().PersistentVolumeClaims(b.ns).Get(ctx, claim, metav1.GetOptions{}); err == nil {
-		return fmt.Errorf("branch %q: persistentvolumeclaim %q: %w", dst.Name, claim, backend.ErrDataExists)
+		return false, fmt.Errorf("branch %q: persistentvolumeclaim %q: %w", dst.Name, claim, backend.ErrDataExists)
 	} else if !apierrors.IsNotFound(err) {
-		return b.apiErr(err, "read persistentvolumeclaim "+claim)
+		return false, b.apiErr(err, "read persistentvolumeclaim "+claim)
 	}
 	if err := b.createClaim(ctx, src.Name, claim, b.labels(dst.Name), nil); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("branch %q: persistentvolumeclaim %q: %w", dst.Name, claim, backend.ErrDataExists)
+			return false, fmt.Errorf("branch %q: persistentvolumeclaim %q: %w", dst.Name, claim, backend.ErrDataExists)
 		}
-		return err
+		return false, err
 	}
 	job.project = dst.Name
 	job.claims[claim] = dataMount
@@ -139,9 +141,9 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 	job.env["S"] = pgdata + "/" + backend.StagingDir
 	job.env["MODE"] = "publish"
 	if _, err := b.runCopy(ctx, job); err != nil {
-		return errors.Join(fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err), b.deleteClaim(claim))
+		return false, errors.Join(fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err), b.deleteClaim(claim))
 	}
-	return nil
+	return false, nil
 }
 
 // SnapshotClaim is the PVC that keeps a project's snapshot. "." is in no

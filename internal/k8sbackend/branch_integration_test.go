@@ -47,7 +47,7 @@ func TestIntegrationBranchSnapshotRestore(t *testing.T) {
 		t.Errorf("snapshot = %+v, want a size", live)
 	}
 	dst := spec(t, "dst")
-	if err := f.be.Branch(ctx, src, dst, true); err != nil {
+	if _, err := f.be.Branch(ctx, src, dst, true); err != nil {
 		t.Fatalf("branch of the running server: %v", err)
 	}
 	if got := query(t, ep.Addr, src, "insert into t select generate_series(101, 200); select count(*)::text from t"); got != "200" {
@@ -89,7 +89,7 @@ func TestIntegrationBranchSnapshotRestore(t *testing.T) {
 	if !found {
 		t.Errorf("another pgwake does not list the branch: %+v", recs)
 	}
-	if err := f.be.Branch(ctx, src, dst, true); !errors.Is(err, backend.ErrDataExists) {
+	if _, err := f.be.Branch(ctx, src, dst, true); !errors.Is(err, backend.ErrDataExists) {
 		t.Errorf("branch onto existing data: %v, want ErrDataExists", err)
 	}
 

@@ -603,7 +603,7 @@ func TestIntegrationDocumentedRBACSuffices(t *testing.T) {
 	}
 	// File copies of the stopped server: a hold on its StatefulSet, a
 	// branch's PVC, a restore, a snapshot's deletion.
-	if err := be.Branch(ctx, s, spec(t, "rbac-branch"), false); err != nil {
+	if _, err := be.Branch(ctx, s, spec(t, "rbac-branch"), false); err != nil {
 		t.Fatalf("branch as the documented Role: %v", err)
 	}
 	if err := be.Restore(ctx, s, "live"); err != nil {

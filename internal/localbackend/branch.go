@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pgwake/pgwake/internal/backend"
+	"github.com/pgwake/pgwake/internal/pgauth"
 )
 
 var _ backend.Brancher = (*Backend)(nil)
@@ -173,11 +174,15 @@ func (b *Backend) neededWAL(ctx context.Context, data string) ([]string, bool) {
 }
 
 // Branch implements backend.Brancher: dst's project directory is made
-// here (it must not exist) and its data renamed into place once whole.
-// A failure removes it again.
-func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) (err error) {
+// here (it must not exist) and its data renamed into place once whole,
+// with dst's password set in single-user mode. A failure removes it again.
+func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) (passwordSet bool, err error) {
 	if src.Name == dst.Name {
-		return fmt.Errorf("branch %q from itself", dst.Name)
+		return false, fmt.Errorf("branch %q from itself", dst.Name)
+	}
+	roleSQL, err := pgauth.SetPasswordSQL(dst.User, dst.Password)
+	if err != nil {
+		return false, err
 	}
 	// Both locks, in name order: two branches the other way round must
 	// not deadlock.
@@ -189,10 +194,10 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 	defer b.lock(second)()
 	dir := b.dir(dst.Name)
 	if _, err := os.Lstat(dir); err == nil {
-		return fmt.Errorf("branch %q: %s: %w", dst.Name, dir, backend.ErrDataExists)
+		return false, fmt.Errorf("branch %q: %s: %w", dst.Name, dir, backend.ErrDataExists)
 	}
 	if _, err := b.mkdirNew(dir, 0o700); err != nil {
-		return fmt.Errorf("project dir: %w", err)
+		return false, fmt.Errorf("project dir: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -202,17 +207,22 @@ func (b *Backend) Branch(ctx context.Context, src, dst backend.Spec, live bool) 
 		}
 	}()
 	if err := mark(dir); err != nil {
-		return err
+		return false, err
 	}
 	if err := b.mkdirOwned(b.sockDir(dst.Name), 0o700); err != nil {
-		return err
+		return false, err
 	}
 	staged := filepath.Join(dir, "data.copy")
 	if err := b.fill(ctx, src, staged, live); err != nil {
-		return fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err)
+		return false, fmt.Errorf("branch %q from %q: %w", dst.Name, src.Name, err)
+	}
+	// A base backup finishes its recovery here too: the branch's first
+	// start has none left to do.
+	if err := b.singleUser(ctx, staged, roleSQL); err != nil {
+		return false, fmt.Errorf("branch %q: set its password: %w", dst.Name, err)
 	}
 	syscall.Sync() // the copy is on disk before it is published
-	return os.Rename(staged, b.dataDir(dst.Name))
+	return true, os.Rename(staged, b.dataDir(dst.Name))
 }
 
 // Snapshot implements backend.Brancher.

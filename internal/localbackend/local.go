@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgwake/pgwake/internal/backend"
 )
 
@@ -222,15 +224,23 @@ func (b *Backend) run(cmd *exec.Cmd) ([]byte, error) {
 	return out, nil
 }
 
-// sqlError returns the first ERROR in a single-user backend's output: it
-// exits 0 however its statements fared.
-func sqlError(out []byte) string {
+// singleUser runs sql (one statement per line) in a single-user backend on
+// the stopped cluster dir, as the server's account: no server start, no
+// socket. exit_on_error makes a failed statement end it with a non-zero
+// status (it would go on and exit 0), and the error is its FATAL line.
+func (b *Backend) singleUser(ctx context.Context, dir, sql string) error {
+	cmd := b.command(ctx, "postgres", "--single", "-D", dir, "-c", "exit_on_error=on", "template1")
+	cmd.Stdin = strings.NewReader(sql + "\n")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
 	for line := range strings.SplitSeq(string(out), "\n") {
-		if i := strings.Index(line, "ERROR:  "); i >= 0 {
-			return strings.TrimSpace(line[i:])
+		if i := strings.Index(line, "FATAL:  "); i >= 0 {
+			return fmt.Errorf("single-user postgres: %s", strings.TrimSpace(line[i:]))
 		}
 	}
-	return ""
+	return fmt.Errorf("single-user postgres: %w: %s", err, bytes.TrimSpace(out))
 }
 
 func (b *Backend) mkdirOwned(path string, mode os.FileMode) error {
@@ -391,15 +401,7 @@ func (b *Backend) ensureLocked(ctx context.Context, spec backend.Spec) (err erro
 	// initdb makes only the postgres database; the official image also
 	// makes POSTGRES_DB, and so does this.
 	if spec.Database != "" && spec.Database != "postgres" {
-		cmd := b.command(ctx, "postgres", "--single", "-D", tmp, "-j", "postgres")
-		cmd.Stdin = strings.NewReader(`CREATE DATABASE "` + strings.ReplaceAll(spec.Database, `"`, `""`) + `";` + "\n")
-		out, err := b.run(cmd)
-		if err == nil {
-			if msg := sqlError(out); msg != "" {
-				err = errors.New(msg)
-			}
-		}
-		if err != nil {
+		if err := b.singleUser(ctx, tmp, "CREATE DATABASE "+pgx.Identifier{spec.Database}.Sanitize()); err != nil {
 			return fmt.Errorf("create database %q: %w", spec.Database, err)
 		}
 	}

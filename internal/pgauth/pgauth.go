@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/xdg-go/scram"
 )
 
@@ -39,4 +40,15 @@ func scramVerifier(password string, salt []byte, iters int) (string, error) {
 	}
 	b64 := base64.StdEncoding.EncodeToString
 	return fmt.Sprintf("SCRAM-SHA-256$%d:%s$%s:%s", iters, b64(salt), b64(cred.StoredKey), b64(cred.ServerKey)), nil
+}
+
+// SetPasswordSQL is the statement that gives role password, as its SCRAM
+// verifier: ALTER ROLE takes no parameters, and the verifier is base64
+// and '$', safe between quotes.
+func SetPasswordSQL(role, password string) (string, error) {
+	verifier, err := SCRAMVerifier(password)
+	if err != nil {
+		return "", err
+	}
+	return "ALTER ROLE " + pgx.Identifier{role}.Sanitize() + " PASSWORD '" + verifier + "'", nil
 }
