@@ -546,7 +546,7 @@ report="$work/results-branch.md"
 	echo
 	echo "Busy source: pgbench -c $BUSY_CLIENTS -j 2 (TPC-B, through pgwake) on $SRC from ${BUSY_BEFORE}s before each branch until after it: $BUSY_ERR failed transactions or error lines in total (transactions per run: ${BUSY_TX% }); tps before the branch ${BUSY_BEFORE_TPS% }, during it ${BUSY_DURING_TPS% }.${BUSY_NOTES:+ Note: ${BUSY_NOTES% ; }.}"
 	echo
-	echo "How each is measured: the branches are \`pgwake branch src NEW\` (copy, the new server's own password set by starting it once, stopped again) until the command returns; the snapshot and reset likewise. pg_dump -Fc and pg_restore run on this host (real binaries from $pgbin) against the servers' own addresses (no proxy hop), into a project created and started (initdb done) before the clock starts: a fresh database on the same kind of server, which is what a branch makes. CREATE DATABASE runs in the source's server from a session on its postgres database."
+	echo "How each is measured: the branches are \`pgwake branch src NEW\` (copy, with the new project's own password set on the copy in single-user mode while it is staged; no server starts) until the command returns; the snapshot and reset likewise. pg_dump -Fc and pg_restore run on this host (real binaries from $pgbin) against the servers' own addresses (no proxy hop), into a project created and started (initdb done) before the clock starts: a fresh database on the same kind of server, which is what a branch makes. CREATE DATABASE runs in the source's server from a session on its postgres database."
 } >"$report"
 
 cat "$report"
