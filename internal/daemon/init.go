@@ -23,9 +23,12 @@ func (d *Daemon) initRoot(project string) string {
 	return filepath.Join(d.cfg.StateDir, "init", project)
 }
 
-// initSupported names the backends that run init scripts and apply
-// settings.
-var initSupported = map[string]bool{"docker": true, "local": true}
+// initSupported names the backends that run init scripts, and
+// settingsSupported those that apply settings.
+var (
+	initSupported     = map[string]bool{"docker": true, "local": true}
+	settingsSupported = map[string]bool{"docker": true, "local": true, "kubernetes": true}
+)
 
 // unsafeName is what an init script's name may not hold: it goes into
 // file names and shell scripts of the server's runtime.
@@ -35,8 +38,11 @@ var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]`)
 // before anything exists, and returns the settings with their names as
 // Postgres knows them.
 func checkInitRequest(req admin.CreateRequest, backendName string) (map[string]string, error) {
-	if (len(req.Init) > 0 || len(req.Settings) > 0) && !initSupported[backendName] {
-		return nil, fmt.Errorf("the %s backend does not run init scripts or apply settings (the docker and local backends do)", backendName)
+	if len(req.Init) > 0 && !initSupported[backendName] {
+		return nil, fmt.Errorf("the %s backend does not run init scripts (the docker and local backends do)", backendName)
+	}
+	if len(req.Settings) > 0 && !settingsSupported[backendName] {
+		return nil, fmt.Errorf("the %s backend does not apply settings", backendName)
 	}
 	var settings map[string]string
 	for k, v := range req.Settings {
@@ -151,7 +157,7 @@ func (d *Daemon) syncDeclaredSettings() error {
 		if err != nil || p.Adopted != "" || maps.Equal(p.Settings, pc.Settings) {
 			continue
 		}
-		if len(pc.Settings) > 0 && !initSupported[p.Backend] {
+		if len(pc.Settings) > 0 && !settingsSupported[p.Backend] {
 			d.log.Warn("settings in pgwake.yaml not applied: the backend does not apply settings", "project", p.Name, "backend", p.Backend)
 			continue
 		}
@@ -159,9 +165,28 @@ func (d *Daemon) syncDeclaredSettings() error {
 		if err := d.store.Update(pc.Name, func(p *state.Project) { p.Settings = settings }); err != nil {
 			return err
 		}
+		d.saveToCatalog(p.Name)
 		d.log.Info("settings from pgwake.yaml: they apply at the project's next start", "project", pc.Name, "settings", fmtSettings(settings))
 	}
 	return nil
+}
+
+// saveToCatalog stores a project's settings where every pgwake of its
+// backend reads them, when that backend keeps projects (Kubernetes). A
+// backend out of reach is told at its next save; meanwhile, the project's
+// next start here applies the settings all the same.
+func (d *Daemon) saveToCatalog(project string) {
+	p, err := d.store.Get(project)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cat := d.backendOf(p).catalog(ctx); cat != nil {
+		if err := cat.Save(ctx, record(p)); err != nil {
+			d.log.Warn("saving the project's settings with its backend", "project", project, "err", err)
+		}
+	}
 }
 
 func fmtSettings(s map[string]string) string {

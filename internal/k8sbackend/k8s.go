@@ -70,6 +70,9 @@ const (
 	// AnnotationEphemeral names the pgwake instance whose `down` removes
 	// the project: only the pgwake that created it as ephemeral.
 	AnnotationEphemeral = "dev.pgwake.ephemeral-instance"
+	// AnnotationSettings holds the project's server settings as JSON (the
+	// desired ones: the Pod template's args get them at the next start).
+	AnnotationSettings = "dev.pgwake.settings"
 )
 
 // Secret keys.

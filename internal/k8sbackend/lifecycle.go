@@ -330,11 +330,7 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (ep backend.Endp
 	if err != nil {
 		return backend.Endpoint{}, err
 	}
-	if set == nil {
-		if set, err = b.ensure(ctx, spec); err != nil {
-			return backend.Endpoint{}, err
-		}
-	} else if img := set.Spec.Template.Spec.Containers[0].Image; spec.Image != "" && img != spec.Image {
+	if set == nil || drifted(set, spec) {
 		if set, err = b.ensure(ctx, spec); err != nil {
 			return backend.Endpoint{}, err
 		}

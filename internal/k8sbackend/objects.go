@@ -2,7 +2,9 @@ package k8sbackend
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -63,6 +65,7 @@ func (b *Backend) newStatefulSet(spec backend.Spec) *appsv1.StatefulSet {
 					Containers: []corev1.Container{{
 						Name:  "postgres",
 						Image: spec.Image,
+						Args:  serverArgs(spec.Settings),
 						Env: []corev1.EnvVar{
 							{Name: "POSTGRES_USER", ValueFrom: secretRef(name, secretUser)},
 							{Name: "POSTGRES_PASSWORD", ValueFrom: secretRef(name, secretPassword)},
@@ -96,6 +99,29 @@ func (b *Backend) newStatefulSet(spec backend.Spec) *appsv1.StatefulSet {
 			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{pvc},
 		},
 	}
+}
+
+// serverArgs are the container's args for settings: the official image's
+// CMD, postgres, with -c for each (its entrypoint passes them to the
+// server). None without settings: the image's own CMD runs.
+func serverArgs(settings map[string]string) []string {
+	if len(settings) == 0 {
+		return nil
+	}
+	return append([]string{"postgres"}, backend.SettingArgs(settings)...)
+}
+
+// drifted reports whether the StatefulSet's Pod template differs from
+// spec's: an image to change whenever it differs, and settings, which
+// change only while no Pod runs (a template change rolls a running Pod,
+// cutting its clients; a running server keeps its settings until it
+// sleeps).
+func drifted(set *appsv1.StatefulSet, spec backend.Spec) bool {
+	c := set.Spec.Template.Spec.Containers[0]
+	if spec.Image != "" && c.Image != spec.Image {
+		return true
+	}
+	return ptr.Deref(set.Spec.Replicas, 0) == 0 && !slices.Equal(c.Args, serverArgs(spec.Settings))
 }
 
 func secretRef(name, key string) *corev1.EnvVarSource {
@@ -163,10 +189,16 @@ func (b *Backend) ensure(ctx context.Context, spec backend.Spec) (*appsv1.Statef
 		if err != nil {
 			return nil, b.apiErr(err, "create statefulset "+name)
 		}
-	} else if img := set.Spec.Template.Spec.Containers[0].Image; img != spec.Image && spec.Image != "" {
-		// Drifted: the next Pod runs the spec's image, on the same data.
+	} else if drifted(set, spec) {
+		// The next Pod runs the spec's image and settings, on the same data.
 		upd := set.DeepCopy()
-		upd.Spec.Template.Spec.Containers[0].Image = spec.Image
+		c := &upd.Spec.Template.Spec.Containers[0]
+		if spec.Image != "" {
+			c.Image = spec.Image
+		}
+		if ptr.Deref(set.Spec.Replicas, 0) == 0 {
+			c.Args = serverArgs(spec.Settings)
+		}
 		if set, err = b.cs.AppsV1().StatefulSets(b.ns).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			return nil, b.apiErr(err, "update statefulset "+name)
 		}
@@ -254,6 +286,15 @@ func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
 	if rec.Ephemeral {
 		a[AnnotationEphemeral] = b.instance
 	}
+	if len(rec.Spec.Settings) > 0 {
+		js, err := json.Marshal(rec.Spec.Settings)
+		if err != nil {
+			return err
+		}
+		a[AnnotationSettings] = string(js)
+	} else {
+		delete(a, AnnotationSettings)
+	}
 	if rec.Parent != "" {
 		a[AnnotationParent] = rec.Parent
 		a[AnnotationBranchedAt] = rec.BranchedAt.UTC().Format(time.RFC3339)
@@ -274,6 +315,31 @@ func (b *Backend) Save(ctx context.Context, rec backend.Record) error {
 		if err != nil {
 			return b.apiErr(err, "save settings on statefulset "+set.Name)
 		}
+	}
+	return b.savePassword(ctx, rec.Spec)
+}
+
+// savePassword keeps a changed password (`pgwake passwd`) in the project's
+// own Secret, where every pgwake of the namespace reads it. A Secret that
+// is not pgwake's is left alone.
+func (b *Backend) savePassword(ctx context.Context, spec backend.Spec) error {
+	name := objectName(spec.Name)
+	sec, err := b.cs.CoreV1().Secrets(b.ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return b.apiErr(err, "read secret "+name)
+	case !owned(sec.Labels, spec.Name) || spec.Password == "" || string(sec.Data[secretPassword]) == spec.Password:
+		return nil
+	}
+	upd := sec.DeepCopy()
+	if upd.Data == nil {
+		upd.Data = map[string][]byte{}
+	}
+	upd.Data[secretPassword] = []byte(spec.Password)
+	if _, err := b.cs.CoreV1().Secrets(b.ns).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		return b.apiErr(err, "save password in secret "+name)
 	}
 	return nil
 }
@@ -310,6 +376,11 @@ func (b *Backend) Projects(ctx context.Context) ([]backend.Record, error) {
 			Parent:    s.Annotations[AnnotationParent],
 		}
 		rec.BranchedAt, _ = time.Parse(time.RFC3339, s.Annotations[AnnotationBranchedAt])
+		if js := s.Annotations[AnnotationSettings]; js != "" {
+			if err := json.Unmarshal([]byte(js), &rec.Spec.Settings); err != nil {
+				b.log.Warn("ignoring unreadable settings on a project's statefulset", "project", project, "err", err)
+			}
+		}
 		if d, err := time.ParseDuration(s.Annotations[AnnotationSleepAfter]); err == nil {
 			rec.SleepAfter = d
 		}
