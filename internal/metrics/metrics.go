@@ -98,6 +98,10 @@ var (
 		"Failed wakes.", []string{"project"}, nil)
 	descPinned = prometheus.NewDesc("pgwake_project_pinned",
 		"1 when the project is pinned awake.", []string{"project"}, nil)
+	descAuthFailures = prometheus.NewDesc("pgwake_auth_failures_total",
+		"Failed logins: at pgwake for projects it authenticates, the server's 28P01 for those it passes through.", []string{"project"}, nil)
+	descAuthThrottled = prometheus.NewDesc("pgwake_auth_throttled_total",
+		"Login attempts delayed or refused because their client address failed too often.", []string{"project"}, nil)
 )
 
 // snapshotCollector turns the admin API's snapshot into metrics.
@@ -106,7 +110,7 @@ type snapshotCollector struct {
 }
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descActive, descQueued, descWakes, descWakeFails, descPinned} {
+	for _, d := range []*prometheus.Desc{descState, descActive, descQueued, descWakes, descWakeFails, descPinned, descAuthFailures, descAuthThrottled} {
 		ch <- d
 	}
 }
@@ -129,5 +133,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			pinned = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descPinned, prometheus.GaugeValue, pinned, p.Name)
+		ch <- prometheus.MustNewConstMetric(descAuthFailures, prometheus.CounterValue, float64(p.AuthFailures), p.Name)
+		ch <- prometheus.MustNewConstMetric(descAuthThrottled, prometheus.CounterValue, float64(p.AuthThrottled), p.Name)
 	}
 }

@@ -33,6 +33,8 @@ const (
 	CodeAdminShutdown       = "57P01" // pgwake is shutting down
 	CodeCannotConnectNow    = "57P03" // upstream is still starting
 	CodeFeatureNotSupported = "0A000"
+	CodeInvalidPassword     = "28P01" // wrong password at the proxy
+	CodeInternalError       = "XX000"
 )
 
 // ProtocolError is a malformed first packet. The proxy answers it with

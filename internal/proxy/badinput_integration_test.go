@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgwake/pgwake/internal/backend"
@@ -192,10 +194,16 @@ func TestIntegrationBadInput(t *testing.T) {
 			ctx := t.Context()
 			h.connect(ctx, spec)
 			h.connect(ctx, spec)
-			c := rawConn(t, h.addr)
-			c.Write(startupPacket(t, map[string]string{"user": "postgres", "database": "quiet"}))
-			if er := readError(t, c); er.Code != "53300" {
-				t.Fatalf("code %s (%s), want 53300", er.Code, er.Message)
+			// A slot is taken only by an authenticated client, so the
+			// third is refused after its password is checked.
+			conn, err := pgx.Connect(ctx, h.url(spec))
+			if err == nil {
+				conn.Close(ctx)
+				t.Fatal("third connection accepted, want 53300")
+			}
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "53300" {
+				t.Fatalf("third connection: %v, want 53300", err)
 			}
 		})
 	})

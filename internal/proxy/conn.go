@@ -100,6 +100,46 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 	defer s.total.Add(-1)
+
+	// Authentication comes before the project's slot and any wake: a
+	// client that cannot log in costs the project nothing.
+	ip := clientIP(c.conn)
+	paid, waited, err := s.throttle.admit(ctx, ip)
+	if waited {
+		p.countAuth(false, true)
+	}
+	var th *throttled
+	if errors.As(err, &th) {
+		s.refuse(c.conn, name, pgwire.CodeTooManyConnections,
+			fmt.Sprintf("too many failed logins from %s; try again in %s", th.addr, th.retry.Round(time.Second)+time.Second), "")
+		return
+	}
+	if err != nil {
+		return
+	}
+	cred, err := p.credentials()
+	if err != nil {
+		s.refuse(c.conn, name, pgwire.CodeInternalError, err.Error(), "")
+		return
+	}
+	if cred != nil && startup.Parameters["user"] != cred.user {
+		cred = nil // another role: the server knows its password, pgwake does not
+	}
+	if cred != nil {
+		if err := c.authenticate(cred); err != nil {
+			s.throttle.failed(ip, paid)
+			p.countAuth(true, false)
+			var ae *authError
+			if !errors.As(err, &ae) {
+				s.log.Debug("authentication", "project", name, "remote", c.conn.RemoteAddr(), "err", err)
+				return // the client went away
+			}
+			s.log.Info("authentication failed", "project", name, "remote", c.conn.RemoteAddr(), "err", ae.err)
+			s.refuse(c.conn, name, ae.code, ae.msg, "")
+			return
+		}
+	}
+
 	if ok, removed := p.acquire(); !ok {
 		if removed {
 			s.refuse(c.conn, name, pgwire.CodeInvalidCatalogName,
@@ -128,6 +168,9 @@ func (c *clientConn) serve(ctx context.Context) {
 		wctx, stopWatch = c.watchHangup(ctx)
 	}
 	up, first, err := p.connect(wctx, packet)
+	if err == nil && cred != nil {
+		up, first, err = c.login(wctx, p, up, first, packet, cred)
+	}
 	early := stopWatch()
 	if err != nil && errors.Is(context.Cause(wctx), errClientGone) {
 		s.log.Debug("client hung up while parked", "project", name, "remote", c.conn.RemoteAddr())
@@ -149,14 +192,68 @@ func (c *clientConn) serve(ctx context.Context) {
 		return
 	}
 	if len(early) > 0 {
+		if cred != nil {
+			// An authenticating client waits for AuthenticationOk; bytes
+			// before it are not a session to pass on.
+			return
+		}
 		if _, err := up.Write(early); err != nil {
 			return
 		}
 	}
-	in, out := pipe(c, first)
+	in, out := pipe(c, first, func(code string) {
+		if code == pgwire.CodeInvalidPassword && cred == nil {
+			// The server refused a pass-through login: it counts
+			// against the address like a failure at the proxy.
+			s.throttle.failed(ip, paid)
+			p.countAuth(true, false)
+		}
+	})
 	if s.opts.OnConnDone != nil {
 		s.opts.OnConnDone(name, in, out)
 	}
+}
+
+// login logs in to the server on up with the project's password (and, if
+// it is refused while a rotation is under way, with the pending one on a
+// new connection), tells the authenticated client AuthenticationOk, and
+// returns the header of the server's next message for relayStartup. A
+// refusal the server sends is passed to the client as it is: first is
+// then that whole ErrorResponse.
+func (c *clientConn) login(ctx context.Context, p *project, up net.Conn, first, packet []byte, cred *credentials) (net.Conn, []byte, error) {
+	for i, pw := range cred.passwords {
+		if i > 0 {
+			var err error
+			if up, first, err = p.connect(ctx, packet); err != nil {
+				return nil, nil, err
+			}
+		}
+		ok, err := login(up, first, cred.user, pw, cred.logins)
+		var le *loginError
+		if errors.As(err, &le) && le.code == pgwire.CodeInvalidPassword && i < len(cred.passwords)-1 {
+			up.Close()
+			continue
+		}
+		if errors.As(err, &le) {
+			c.srv.log.Warn("the server refused pgwake's login with the project's password", "project", p.name, "sqlstate", le.code)
+			return up, le.msg, nil
+		}
+		if err != nil {
+			up.Close()
+			return nil, nil, fmt.Errorf("log in to project %q: %w", p.name, err)
+		}
+		if _, err := c.conn.Write(ok); err != nil {
+			up.Close()
+			return nil, nil, err
+		}
+		var h pgwire.ReplyHeader
+		if _, err := io.ReadFull(up, h[:]); err != nil {
+			up.Close()
+			return nil, nil, fmt.Errorf("log in to project %q: %w", p.name, err)
+		}
+		return up, h[:], nil
+	}
+	return nil, nil, errors.New("no password to log in with")
 }
 
 // errClientGone is the cause of a parked client's context once it hung up.
@@ -385,13 +482,13 @@ func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 // side closes, then closes both. It returns the bytes each way. Between two
 // *net.TCPConn, relay.Copy splices on Linux; with TLS on either side it
 // copies through user space.
-func pipe(c *clientConn, first []byte) (fromClient, toClient int64) {
+func pipe(c *clientConn, first []byte, refused func(code string)) (fromClient, toClient int64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		fromClient = copyClientToServer(c)
 	}()
-	toClient = copyServerToClient(c, first)
+	toClient = copyServerToClient(c, first, refused)
 	c.close()
 	<-done
 	return fromClient, toClient
@@ -403,14 +500,14 @@ func copyClientToServer(c *clientConn) int64 {
 	return n
 }
 
-func copyServerToClient(c *clientConn, first []byte) int64 {
+func copyServerToClient(c *clientConn, first []byte, refused func(code string)) int64 {
 	addr := c.upstream.RemoteAddr().String()
 	var issued []byte
 	n, err := relayStartup(c.conn, c.upstream, first, func(key []byte) []byte {
 		tagged, tag := c.srv.cancelTag()
 		issued = c.srv.cancels.issue(tagged, tag, key, addr)
 		return issued
-	})
+	}, refused)
 	if issued != nil {
 		defer c.srv.cancels.remove(issued)
 	}
@@ -428,8 +525,9 @@ const maxStartupMessage = 1 << 20
 // relayStartup forwards the server's messages to the client, starting with
 // the already-read first bytes (a header, or a whole error message), until
 // ReadyForQuery or an error. The server's BackendKeyData (pid + secret) is
-// handed to rekey, and the client gets the key rekey returns instead.
-func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key []byte) []byte) (n int64, err error) {
+// handed to rekey, and the client gets the key rekey returns instead; an
+// ErrorResponse that ends the startup has its SQLSTATE handed to refused.
+func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key []byte) []byte, refused func(code string)) (n int64, err error) {
 	write := func(b []byte) error {
 		w, err := client.Write(b)
 		n += int64(w)
@@ -439,6 +537,9 @@ func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key [
 		return n, err
 	}
 	if len(first) < 5 || first[0] == 'E' {
+		if len(first) > 5 && first[0] == 'E' {
+			reportRefusal(first[5:], refused)
+		}
 		return n, nil // a whole error message was passed on
 	}
 	h := pgwire.ReplyHeader(first[:5])
@@ -464,7 +565,10 @@ func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key [
 			return n, err
 		}
 		switch h.Type() {
-		case 'Z', 'E':
+		case 'E':
+			reportRefusal(buf, refused)
+			return n, nil
+		case 'Z':
 			return n, nil
 		}
 		if _, err := io.ReadFull(up, h[:]); err != nil {
@@ -473,5 +577,15 @@ func relayStartup(client io.Writer, up io.Reader, first []byte, rekey func(key [
 		if err := write(h[:]); err != nil {
 			return n, err
 		}
+	}
+}
+
+func reportRefusal(body []byte, refused func(code string)) {
+	if refused == nil {
+		return
+	}
+	var e pgproto3.ErrorResponse
+	if e.Decode(body) == nil && e.Severity != "NOTICE" {
+		refused(e.Code)
 	}
 }

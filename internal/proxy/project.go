@@ -39,6 +39,11 @@ type Project struct {
 	// before it is stopped; zero never stops it (it stays paused).
 	StopAfter time.Duration
 	Pinned    bool
+	// PendingPassword is, while a password rotation is under way, the
+	// password the server may already have: pgwake's own login to the
+	// server tries it when Spec.Password is refused. Clients keep logging
+	// in with Spec.Password until the rotation ends.
+	PendingPassword string
 }
 
 // env is what a project needs from outside, and all it may call: a clock,
@@ -139,6 +144,11 @@ type project struct {
 	// project; the sweep tries again from deepenAt.
 	deepenFails int
 	deepenAt    time.Time
+	// creds is what clients of the project's user are verified against,
+	// derived from cfg's passwords (nil: not yet, or pass-through).
+	creds         *credentials
+	authFailures  int // failed logins at the proxy (or the server's 28P01 in pass-through)
+	authThrottled int // attempts delayed or refused by the failed-login limit
 	// askingPeers is set while a sweep asks the peers (one at a time);
 	// peersAgain is when a sweep may ask again after they said busy, and
 	// peersBusy what they said, for the status.
@@ -340,6 +350,57 @@ func (p *project) running() bool {
 }
 
 // spec returns the project's current spec.
+// authMode is AuthSCRAM when pgwake holds the project's password. p.mu
+// must be held.
+func (p *project) authMode() string {
+	if p.cfg.Spec.Password == "" {
+		return AuthPassThrough
+	}
+	return AuthSCRAM
+}
+
+// credentials returns what a client of the project's user is verified
+// against, or nil when the server authenticates (pgwake holds no
+// password). The keys are derived once per password.
+func (p *project) credentials() (*credentials, error) {
+	p.mu.Lock()
+	spec, pending, c := p.cfg.Spec, p.cfg.PendingPassword, p.creds
+	p.mu.Unlock()
+	if spec.Password == "" {
+		return nil, nil
+	}
+	if c == nil || c.user != spec.User || c.password != spec.Password {
+		var err error
+		// Outside the lock: 4096 rounds of PBKDF2 take milliseconds.
+		if c, err = newCredentials(spec.User, spec.Password); err != nil {
+			return nil, err
+		}
+	} else {
+		c = &credentials{user: c.user, password: c.password, stored: c.stored, logins: c.logins}
+	}
+	c.passwords = []string{spec.Password}
+	if pending != "" && pending != spec.Password {
+		c.passwords = append(c.passwords, pending)
+	}
+	p.mu.Lock()
+	p.creds = c
+	p.mu.Unlock()
+	return c, nil
+}
+
+// countAuth records a failed login (failed) or a throttled attempt.
+func (p *project) countAuth(failed, throttled bool) {
+	p.mu.Lock()
+	if failed {
+		p.authFailures++
+	}
+	if throttled {
+		p.authThrottled++
+	}
+	p.mu.Unlock()
+	p.notify()
+}
+
 func (p *project) spec() backend.Spec {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -1264,6 +1325,11 @@ type Status struct {
 	Recent     []time.Duration `json:"recent_wakes"` // oldest first
 	FirstStart time.Duration   `json:"first_start"`  // the first start (initdb), not in the wake figures
 	Events     []Event         `json:"events"`       // oldest first
+	// Auth is who authenticates the project's clients: AuthSCRAM
+	// (pgwake, before any wake) or AuthPassThrough (the server).
+	Auth          string `json:"auth"`
+	AuthFailures  int    `json:"auth_failures"`
+	AuthThrottled int    `json:"auth_throttled"`
 	// PeersBusy says why other pgwake processes serving the same server
 	// keep it awake (their connections, a wake of theirs, or doubt), as
 	// the last idle check found; empty when none did.
@@ -1283,6 +1349,7 @@ func (p *project) status() Status {
 		Recent:     append([]time.Duration(nil), p.latencies...),
 		FirstStart: p.firstStart,
 		Events:     append([]Event(nil), p.events...),
+		Auth:       p.authMode(), AuthFailures: p.authFailures, AuthThrottled: p.authThrottled,
 	}
 	if now.Before(p.retryAt) {
 		st.RetryAt = p.retryAt

@@ -39,7 +39,7 @@ func TestRelayStartupReissuesKeys(t *testing.T) {
 		n, err := relayStartup(&client, rest, first, func(key []byte) []byte {
 			got = append([]byte(nil), key...)
 			return append([]byte{0, 0, 0x10, 0x92}, issued...)
-		})
+		}, nil)
 		if err != nil {
 			t.Fatalf("key %d: %v", keyLen, err)
 		}

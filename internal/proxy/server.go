@@ -2,22 +2,28 @@
 // client's first packets, routes it to a project (by port, USER.PROJECT user
 // name, database name or TLS server name), wakes the
 // project's server once however many clients arrive, replays the startup
-// packet once Postgres really serves, and then pipes bytes.
+// packet once Postgres really serves, and then pipes bytes. For a project
+// whose password pgwake holds, it authenticates the project's user itself
+// (SCRAM) before anything wakes.
 //
 // The files split by direction of calls: server.go accepts, routes and
-// orchestrates shutdown; conn.go is one client connection; project.go is
-// one project's state machine (wake, readiness, sleep, adoption); and
-// upstream.go dials project servers. Calls go downward only.
+// orchestrates shutdown; conn.go is one client connection; auth.go its
+// SCRAM exchange and pgwake's own login to the server, throttle.go the
+// failed-login limit; project.go is one project's state machine (wake,
+// readiness, sleep, adoption); and upstream.go dials project servers.
+// Calls go downward only.
 package proxy
 
 import (
 	"container/list"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"runtime/debug"
 	"sort"
@@ -55,6 +61,13 @@ type Options struct {
 	// flood of silent sockets cannot exhaust file descriptors, and a real
 	// client, which sends its startup packet at once, still gets through.
 	MaxStartupConns int
+
+	// Failed logins per client address: AuthFailureBurst pass, then one
+	// per AuthFailureEvery; an attempt that would wait longer than
+	// AuthMaxWait for its turn is refused (53300) at once.
+	AuthFailureBurst int
+	AuthFailureEvery time.Duration
+	AuthMaxWait      time.Duration
 
 	// TLS, if set, is offered to clients (SSLRequest answered 'S', direct
 	// TLS accepted); nil answers 'N'.
@@ -107,6 +120,11 @@ func (o *Options) setDefaults() {
 	if o.MaxProjectConns <= 0 {
 		o.MaxProjectConns = 100
 	}
+	def(&o.AuthFailureEvery, time.Second)
+	def(&o.AuthMaxWait, 3*time.Second)
+	if o.AuthFailureBurst <= 0 {
+		o.AuthFailureBurst = 10
+	}
 	if o.MaxStartupConns <= 0 {
 		o.MaxStartupConns = DefaultMaxStartupConns
 	}
@@ -145,6 +163,8 @@ type Server struct {
 
 	cancels  cancelRegistry
 	refusals refusalLog
+	throttle *authThrottle
+	leaf     *x509.Certificate // the TLS certificate clients are shown, for channel binding
 
 	total    atomic.Int64
 	connWG   sync.WaitGroup
@@ -172,6 +192,8 @@ func New(opts Options) (*Server, error) {
 		closingCh:  make(chan struct{}),
 	}
 	s.refusals.init(opts.Logger)
+	s.throttle = newAuthThrottle(opts.AuthFailureEvery, opts.AuthFailureBurst, opts.AuthMaxWait)
+	s.leaf = servedLeaf(opts.TLS)
 	s.env = &env{
 		now: time.Now, log: opts.Logger, up: s.up, base: base, wakeBase: connCtx,
 		onChange: opts.OnChange, onWake: opts.OnWake,
@@ -374,6 +396,19 @@ func (s *Server) SetPinned(name string, pinned bool) error {
 // (zero: never on idle).
 func (s *Server) SetSleepAfter(name string, d time.Duration) error {
 	return s.setConfig(name, func(c *Project) { c.SleepAfter = d })
+}
+
+// SetSettings changes the server settings a project's next start applies
+// (a running server keeps its own until it sleeps).
+func (s *Server) SetSettings(name string, settings map[string]string) error {
+	return s.setConfig(name, func(c *Project) { c.Spec.Settings = maps.Clone(settings) })
+}
+
+// SetPassword changes the password a project's clients log in with and
+// pgwake logs in to the server with; pending, if set, is a second one the
+// server may have (see Project.PendingPassword).
+func (s *Server) SetPassword(name, password, pending string) error {
+	return s.setConfig(name, func(c *Project) { c.Spec.Password, c.PendingPassword = password, pending })
 }
 
 // setConfig changes a running project's settings.
@@ -621,6 +656,7 @@ func (s *Server) sweepLoop() {
 			return
 		case <-t.C:
 		}
+		s.throttle.prune()
 		if s.refusals.flush() > 0 {
 			flooded = true
 		} else if flooded && s.startupLen() < s.opts.MaxStartupConns/10 {

@@ -18,13 +18,18 @@ import (
 
 // Project is a project as the user created it.
 type Project struct {
-	Name       string        `json:"name"`
-	Image      string        `json:"image"`
-	User       string        `json:"user"`
-	Password   string        `json:"password"`
-	Database   string        `json:"database"`
-	SleepAfter time.Duration `json:"sleep_after"`
-	SleepMode  string        `json:"sleep_mode"`
+	Name     string `json:"name"`
+	Image    string `json:"image"`
+	User     string `json:"user"`
+	Password string `json:"password"`
+	// PendingPassword is set while `pgwake passwd` rotates the password:
+	// the server may already have it. pgwake's own login to the server
+	// falls back to it, so a rotation cut short (pgwake killed between
+	// the server's change and this file's) still logs in.
+	PendingPassword string        `json:"pending_password,omitempty"`
+	Database        string        `json:"database"`
+	SleepAfter      time.Duration `json:"sleep_after"`
+	SleepMode       string        `json:"sleep_mode"`
 	// StopAfter is, for sleep mode tiered, how long the server stays
 	// paused before it is stopped.
 	StopAfter time.Duration `json:"stop_after,omitempty"`
@@ -191,7 +196,9 @@ func (s *Store) Add(p Project) (_ Project, reused bool, err error) {
 		p.User, p.Password, p.Database = kept.User, kept.Password, kept.Database
 		reused = true
 	}
-	if p.Password == "" {
+	if p.Password == "" && p.Adopted == "" {
+		// An adopted project's password is its owner's: without one
+		// pgwake passes authentication through.
 		p.Password = randomHex(16)
 	}
 	if p.CreatedAt.IsZero() {
@@ -334,6 +341,9 @@ func (s *Store) saveLocked() error {
 	}
 	return nil
 }
+
+// NewPassword is a fresh random password, as projects are created with.
+func NewPassword() string { return randomHex(16) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)
