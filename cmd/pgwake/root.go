@@ -101,6 +101,7 @@ sees nothing but a slower first connect.
 		newCreateCommand(d),
 		newBranchCommand(d),
 		newSnapshotCommand(d), newSnapshotsCommand(d), newResetCommand(d),
+		newPasswdCommand(d),
 		newRmCommand(d),
 		newLsCommand(d),
 		newStatusCommand(d),

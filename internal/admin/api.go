@@ -103,6 +103,15 @@ type Project struct {
 	// Adopted names the object pgwake adopted the project from
 	// ("statefulset/db"); empty for a project pgwake created.
 	Adopted string `json:"adopted,omitempty"`
+	// Auth is who authenticates the project's user: "scram" (pgwake, before
+	// any wake, with the password it holds) or "pass-through" (the server:
+	// pgwake does not hold the password). Other roles always pass through.
+	// AuthFailures counts failed logins (at pgwake, or the server's 28P01
+	// when passed through), AuthThrottled attempts the failed-login limit
+	// delayed or refused.
+	Auth          string `json:"auth"`
+	AuthFailures  int    `json:"auth_failures"`
+	AuthThrottled int    `json:"auth_throttled"`
 	// Parent is the project this one was branched from, BranchedAt when.
 	Parent        string    `json:"parent,omitempty"`
 	BranchedAt    time.Time `json:"branched_at,omitzero"`
@@ -179,6 +188,12 @@ type ResetRequest struct {
 	Force bool   `json:"force,omitempty"`
 }
 
+// PasswordRequest changes a project's password to Password, or to a fresh
+// random one when it is empty.
+type PasswordRequest struct {
+	Password string `json:"password,omitempty"`
+}
+
 // InitFile is one init script as a create request carries it: its name
 // (which says its kind: .sql, .sql.gz or .sh) and its content, so that a
 // pgwake on another machine (admin_listen) gets it too.
@@ -253,6 +268,9 @@ type Service interface {
 	Snapshots(ctx context.Context, name string) ([]Snapshot, error)
 	DeleteSnapshot(ctx context.Context, name, label string) error
 	Reset(ctx context.Context, name string, req ResetRequest) (Snapshot, error)
+	// SetPassword changes a project's password on its server and in
+	// pgwake, and returns the project with its new URL.
+	SetPassword(ctx context.Context, name string, req PasswordRequest) (Project, error)
 	// Subscribe streams project changes until ctx ends: first the current
 	// snapshot of every project, then each change. The channel closes when
 	// ctx ends.

@@ -174,6 +174,13 @@ func (c *Client) Reset(ctx context.Context, name string, req ResetRequest) (Snap
 	return s, err
 }
 
+// SetPassword changes a project's password and returns the project.
+func (c *Client) SetPassword(ctx context.Context, name string, req PasswordRequest) (Project, error) {
+	var p Project
+	err := c.do(ctx, http.MethodPost, APIPrefix+"/projects/"+url.PathEscape(name)+"/password", req, &p)
+	return p, err
+}
+
 // Logs streams a project's server log.
 func (c *Client) Logs(ctx context.Context, name string, follow bool, tail int) (io.ReadCloser, error) {
 	q := url.Values{"follow": {strconv.FormatBool(follow)}, "tail": {strconv.Itoa(tail)}}

@@ -143,6 +143,18 @@ func Handler(svc Service) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, snap)
 	})
+	mux.HandleFunc("POST "+APIPrefix+"/projects/{name}/password", func(w http.ResponseWriter, r *http.Request) {
+		var req PasswordRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		p, err := svc.SetPassword(r.Context(), r.PathValue("name"), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, p)
+	})
 	mux.HandleFunc("POST "+APIPrefix+"/shutdown", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
 		svc.Shutdown(r.URL.Query().Get("volumes") == "true")

@@ -96,11 +96,23 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 				d.hub.changed(p.Name)
 			}
 		}
+		// Settings another pgwake changed, unless pgwake.yaml here
+		// declares the project: then the file's apply.
+		if p.Adopted == "" && !maps.Equal(p.Settings, r.Spec.Settings) && !d.declared(p.Name) {
+			settings := maps.Clone(r.Spec.Settings)
+			if err := d.store.Update(p.Name, func(q *state.Project) { q.Settings = settings }); err == nil {
+				_ = d.srv.SetSettings(p.Name, settings)
+				d.hub.changed(p.Name)
+			}
+		}
 		// An adopted object's owner may change its annotations (sleep-after)
 		// or its Secret (the password `pgwake url` shows) at any time.
 		if p.Adopted != "" && (p.SleepAfter != r.SleepAfter || p.Password != r.Spec.Password) {
 			if err := d.store.Update(p.Name, func(q *state.Project) { q.SleepAfter, q.Password = r.SleepAfter, r.Spec.Password }); err == nil {
 				_ = d.srv.SetSleepAfter(p.Name, r.SleepAfter)
+				// Who authenticates follows: pgwake with the Secret's
+				// password, the server when there is none.
+				_ = d.srv.SetPassword(p.Name, r.Spec.Password, "")
 				d.hub.changed(p.Name)
 			}
 		}
@@ -110,7 +122,7 @@ func (d *Daemon) adoptRecord(ctx context.Context, name string, r backend.Record)
 		Name: r.Spec.Name, Image: r.Spec.Image, User: r.Spec.User, Password: r.Spec.Password,
 		Database: r.Spec.Database, SleepAfter: r.SleepAfter, SleepMode: string(r.SleepMode),
 		Pinned: r.Pinned, Ephemeral: r.Ephemeral, Backend: name, CreatedAt: r.CreatedAt, Adopted: r.Adopted,
-		Parent: r.Parent, BranchedAt: r.BranchedAt,
+		Parent: r.Parent, BranchedAt: r.BranchedAt, Settings: maps.Clone(r.Spec.Settings),
 	}
 	if p.SleepMode == "" {
 		p.SleepMode = string(backend.SleepStop)
@@ -178,6 +190,16 @@ func (d *Daemon) releaseName(name string) {
 	d.busyMu.Lock()
 	defer d.busyMu.Unlock()
 	delete(d.busy, name)
+}
+
+// declared reports whether pgwake.yaml declares project.
+func (d *Daemon) declared(project string) bool {
+	for _, pc := range d.cfg.Projects {
+		if pc.Name == project {
+			return true
+		}
+	}
+	return false
 }
 
 // record is p as a catalog stores it.

@@ -521,6 +521,7 @@ func (d *Daemon) proxyProject(p state.Project) proxy.Project {
 	return proxy.Project{
 		Spec: spec(p), Backend: d.backendOf(p), SleepAfter: p.SleepAfter,
 		SleepMode: backend.SleepMode(p.SleepMode), StopAfter: d.stopAfter(p), Pinned: p.Pinned,
+		PendingPassword: p.PendingPassword,
 	}
 }
 
@@ -591,6 +592,10 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 		Settings: p.Settings, Init: initNames(p.Init), InitError: p.InitError,
 	}
 	out.Port, out.PortError = d.portOf(p)
+	out.Auth = proxy.AuthPassThrough
+	if p.Password != "" {
+		out.Auth = proxy.AuthSCRAM
+	}
 	st, err := d.srv.ProjectStatus(p.Name)
 	if err != nil {
 		return out
@@ -604,6 +609,7 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
 	out.Asleep, out.NextSleepMS = st.Asleep, st.NextSleep.Milliseconds()
 	out.Queued, out.LastActiveAt, out.PeersBusy = st.Queued, st.LastActive, st.PeersBusy
+	out.Auth, out.AuthFailures, out.AuthThrottled = st.Auth, st.AuthFailures, st.AuthThrottled
 	for _, l := range st.Recent {
 		out.RecentWakesMS = append(out.RecentWakesMS, ms(l))
 	}

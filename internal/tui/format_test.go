@@ -199,3 +199,17 @@ func TestTUIPlainTableTiered(t *testing.T) {
 		}
 	}
 }
+
+func TestTUIPlainTableSaysAuthPassesThrough(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	ps := []admin.Project{{Name: "own", State: "sleeping", Backend: "docker", Auth: "scram"},
+		{Name: "adopted", State: "sleeping", Backend: "kubernetes", Adopted: "statefulset/db", Auth: "pass-through"}}
+	if err := WriteTable(&b, ps); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")
+	if strings.Contains(lines[1], "passed through") || !strings.Contains(lines[2], "(statefulset/db) (auth passed through)") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

@@ -52,6 +52,11 @@ func WriteTable(w io.Writer, ps []admin.Project) error {
 		if p.Parent != "" {
 			be += " (branch of " + p.Parent + ")"
 		}
+		if p.Auth == "pass-through" {
+			// pgwake holds no password: the server authenticates, and a
+			// client with a wrong one still wakes it.
+			be += " (auth passed through)"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, FormatPort(p), p.Active, p.Queued, p.Wakes,
 			lastWake(p), FormatLatency(p.P95WakeMS), sleeps, be, p.Image)
 	}
