@@ -415,6 +415,13 @@ func heldUntil(set *appsv1.StatefulSet) time.Time {
 func (b *Backend) awaitUnheld(ctx context.Context, project string, set *appsv1.StatefulSet) error {
 	for {
 		changed := b.changed.wait()
+		// Read after taking changed: a hold lifted between the caller's
+		// read and now is seen here, or wakes the select below; reading
+		// only after the wait missed it, and slept until the hold's end
+		// (CI hung so, a hold of one hour).
+		if cur, err := b.sets.Get(objectName(project)); err == nil {
+			set = cur
+		}
 		until := heldUntil(set)
 		wait := time.Until(until)
 		if wait <= 0 {
@@ -426,9 +433,6 @@ func (b *Backend) awaitUnheld(ctx context.Context, project string, set *appsv1.S
 		case <-time.After(wait):
 		case <-ctx.Done():
 			return fmt.Errorf("project %q is held for a copy or restore of its data (until %s at the latest): %w", project, until.Format(time.RFC3339), ctx.Err())
-		}
-		if cur, err := b.sets.Get(objectName(project)); err == nil {
-			set = cur
 		}
 	}
 }
