@@ -66,6 +66,9 @@ type Project struct {
 	P95WakeMS    float64 `json:"p95_wake_ms"`
 	MaxWakeMS    float64 `json:"max_wake_ms"`
 	LastError    string  `json:"last_error,omitempty"`
+	// LastWakePhases is where the last wake's time went; nil before the
+	// first wake.
+	LastWakePhases *WakePhases `json:"last_wake_phases,omitempty"`
 	// Phase is what the server passes through while the project wakes,
 	// where the backend has phases (a Kubernetes Pod's "Pending:
 	// ContainerCreating").
@@ -127,6 +130,19 @@ type Project struct {
 	// InitError is set when they failed: the project is not served
 	// (State is "error") until it is removed with its data.
 	InitError string `json:"init_error,omitempty"`
+}
+
+// WakePhases is one wake's time, phase by phase, in milliseconds: the
+// runtime's start or unpause call; the server process's start until it
+// accepted a TCP connection; Postgres's start-up until it answered (with
+// Retries, the probes it refused meanwhile with 57P03); the check that
+// the server which answered is the one started.
+type WakePhases struct {
+	EngineMS  float64 `json:"engine_ms"`
+	AcceptMS  float64 `json:"accept_ms"`
+	ReadyMS   float64 `json:"ready_ms"`
+	ConfirmMS float64 `json:"confirm_ms"`
+	Retries   int     `json:"retries"`
 }
 
 // Event is one entry of a project's recent history.

@@ -605,6 +605,13 @@ func (d *Daemon) apiProject(p state.Project) admin.Project {
 	out.Wakes, out.WakeFailures = st.Wakes, st.WakeFails
 	out.LastWakeMS, out.P50WakeMS, out.P95WakeMS, out.MaxWakeMS = ms(st.LastWake), ms(st.P50Wake), ms(st.P95Wake), ms(st.MaxWake)
 	out.FirstStartMS = ms(st.FirstStart)
+	if st.LastWake > 0 {
+		ph := st.LastPhases
+		out.LastWakePhases = &admin.WakePhases{
+			EngineMS: ms(ph.Engine), AcceptMS: ms(ph.Accept), ReadyMS: ms(ph.Ready),
+			ConfirmMS: ms(ph.Confirm), Retries: ph.Retries,
+		}
+	}
 	out.LastError, out.LastErrorAt, out.RetryAt = st.LastError, st.LastErrorAt, st.RetryAt
 	out.IdleMS, out.SleepsInMS = st.IdleFor.Milliseconds(), st.SleepsIn.Milliseconds()
 	out.Asleep, out.NextSleepMS = st.Asleep, st.NextSleep.Milliseconds()

@@ -80,7 +80,22 @@ type target struct {
 // was the server's first start (initdb), kept out of cold-start statistics.
 type started struct {
 	target
-	first bool
+	first  bool
+	phases WakePhases
+}
+
+// WakePhases is where a wake's time went, in order: the runtime's start
+// (or unpause) call, the server's process start until it first accepted a
+// TCP connection, Postgres's own start-up until it answered a startup
+// packet (the probes it refused with 57P03 or a close meanwhile counted in
+// Retries), and the runtime check that the server which answered is the
+// one started. A client's own authentication and query come after.
+type WakePhases struct {
+	Engine  time.Duration `json:"engine"`
+	Accept  time.Duration `json:"accept"`
+	Ready   time.Duration `json:"ready"`
+	Confirm time.Duration `json:"confirm"`
+	Retries int           `json:"retries"`
 }
 
 // wakeCall is one in-flight wake shared by every client that arrives while
@@ -128,6 +143,7 @@ type project struct {
 	wakes      int
 	wakeFails  int
 	latencies  []time.Duration // recent cold starts, oldest first
+	lastPhases WakePhases      // of the last wake in latencies
 	firstStart time.Duration   // how long the first start (initdb) took, if pgwake saw it
 	events     []Event         // recent state changes, oldest first
 	removed    bool
@@ -559,6 +575,7 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 				p.recordLocked("awake in %s", took.Round(time.Millisecond))
 			}
 			p.latencies = append(p.latencies, took)
+			p.lastPhases = st.phases
 			if len(p.latencies) > maxLatencies {
 				p.latencies = p.latencies[1:]
 			}
@@ -582,25 +599,32 @@ func (p *project) runWake(c *wakeCall, spec backend.Spec) {
 // startAndWait starts the server, waits until Postgres serves, and then
 // confirms that the server that answered is the one it started.
 func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (started, error) {
+	// Phases are measured on the real clock, whatever clock the
+	// project's timers read.
+	var ph WakePhases
+	t0 := time.Now()
 	ep, err := p.be.Start(ctx, spec)
 	if err != nil {
 		return started{}, err
 	}
+	ph.Engine = time.Since(t0)
 	t := target{addr: ep.Addr, id: ep.ID}
 	if ep.Serving {
 		// Resumed a server that was serving: nothing answered yet, and
 		// every client connection confirms the server anyway.
-		return started{target: t}, nil
+		return started{target: t, phases: ph}, nil
 	}
-	if err := p.waitReady(ctx, spec, t); err != nil {
+	if err := p.waitReady(ctx, spec, t, &ph); err != nil {
 		return started{}, err
 	}
 	// The probe's reply proves something serves at the address; the same
 	// run still owning it afterwards proves it was this project's server.
+	t1 := time.Now()
 	if err := p.confirm(ctx, spec, t); err != nil {
 		return started{}, err
 	}
-	return started{target: t, first: ep.First}, nil
+	ph.Confirm = time.Since(t1)
+	return started{target: t, first: ep.First, phases: ph}, nil
 }
 
 // waitReady probes the server until Postgres accepts a startup packet. The
@@ -609,18 +633,30 @@ func (p *project) startAndWait(ctx context.Context, spec backend.Spec) (started,
 // the runtime whether the server still runs, so a server that died while
 // booting ends the wake at once, with its reason, instead of at the wake
 // timeout, and an address handed to someone else is never probed further.
-func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target) error {
+func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target, ph *WakePhases) error {
 	e := p.env
 	packet, err := probePacket(spec.User, spec.Database)
 	if err != nil {
 		return err
 	}
 	var lastErr error
+	start := time.Now()
 	lastCheck := e.now()
+	accepted := false
 	for {
-		retry, err := e.up.probe(ctx, t.addr, packet)
+		at, retry, err := e.up.probe(ctx, t.addr, packet)
+		// A probe that got past the TCP connect reached the server's
+		// process: the rest is Postgres's own start-up.
+		if !accepted && !at.IsZero() {
+			accepted = true
+			ph.Accept = at.Sub(start)
+		}
 		if err == nil {
+			ph.Ready = time.Since(start) - ph.Accept
 			return nil
+		}
+		if retry && accepted {
+			ph.Retries++
 		}
 		if !retry && ctx.Err() == nil && !isTimeout(err) {
 			return err
@@ -632,7 +668,7 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target) er
 			return fmt.Errorf("server did not become ready: %w", lastErr)
 		case <-p.kick:
 			check = true
-		case <-time.After(e.readyPoll):
+		case <-time.After(p.pollWait(accepted)):
 			check = e.now().Sub(lastCheck) >= e.statusEvery
 		}
 		if check {
@@ -642,6 +678,20 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target) er
 			}
 		}
 	}
+}
+
+// refusedPoll is the readiness poll while nothing accepts at the address
+// yet: a refused TCP connect costs the server nothing, so polling it
+// tightly sees the postmaster listen within a couple of milliseconds.
+// Once it accepts, every probe it refuses (57P03) forks a backend, so the
+// poll slows to readyPoll.
+const refusedPoll = 2 * time.Millisecond
+
+func (p *project) pollWait(accepted bool) time.Duration {
+	if accepted {
+		return p.env.readyPoll
+	}
+	return min(p.env.readyPoll, refusedPoll)
 }
 
 // confirm asks the runtime whether the server at t is still the run that
@@ -1292,18 +1342,20 @@ const peersSettle = 500 * time.Millisecond
 
 // Status is a snapshot of one project, for the admin API and the TUI.
 type Status struct {
-	Name        string        `json:"name"`
-	State       State         `json:"state"`
-	Active      int           `json:"active"` // includes Queued
-	Queued      int           `json:"queued"`
-	Pinned      bool          `json:"pinned"`
-	SleepAfter  time.Duration `json:"sleep_after"`
-	SleepMode   string        `json:"sleep_mode"`
-	Image       string        `json:"image"`
-	Backend     string        `json:"backend"`
-	Wakes       int           `json:"wakes"`
-	WakeFails   int           `json:"wake_failures"`
-	LastWake    time.Duration `json:"last_wake"`
+	Name       string        `json:"name"`
+	State      State         `json:"state"`
+	Active     int           `json:"active"` // includes Queued
+	Queued     int           `json:"queued"`
+	Pinned     bool          `json:"pinned"`
+	SleepAfter time.Duration `json:"sleep_after"`
+	SleepMode  string        `json:"sleep_mode"`
+	Image      string        `json:"image"`
+	Backend    string        `json:"backend"`
+	Wakes      int           `json:"wakes"`
+	WakeFails  int           `json:"wake_failures"`
+	LastWake   time.Duration `json:"last_wake"`
+	// LastPhases is where the last wake's time went.
+	LastPhases  WakePhases    `json:"last_wake_phases"`
 	P50Wake     time.Duration `json:"p50_wake"`
 	P95Wake     time.Duration `json:"p95_wake"`
 	MaxWake     time.Duration `json:"max_wake"`
@@ -1359,6 +1411,7 @@ func (p *project) status() Status {
 	}
 	if n := len(p.latencies); n > 0 {
 		st.LastWake = p.latencies[n-1]
+		st.LastPhases = p.lastPhases
 		sorted := append([]time.Duration(nil), p.latencies...)
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
 		st.P50Wake = percentile(sorted, 0.50)

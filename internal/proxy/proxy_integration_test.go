@@ -534,3 +534,32 @@ func TestIntegrationFirstStartHasItsOwnTimeout(t *testing.T) {
 		}
 	})
 }
+
+// A wake's phases are measured, in order, and add up to no more than the
+// wake: the runtime's call, the process until it accepts, Postgres until
+// it answers, the check of the run.
+func TestIntegrationWakePhasesAddUp(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("phases", backend.SleepStop, 0)
+		ctx := t.Context()
+		h.seed(spec, "select 1") // the first start (initdb): not a wake
+		h.waitFor("phases", "no connections", time.Minute, func(st proxy.Status) bool { return st.Active == 0 })
+		if err := h.srv.Sleep(ctx, "phases"); err != nil {
+			t.Fatal(err)
+		}
+		h.waitState("phases", proxy.StateSleeping, time.Minute)
+		h.seed(spec, "select 1")
+		st := h.status("phases")
+		ph := st.LastPhases
+		if len(st.Recent) != 1 {
+			t.Fatalf("recent wakes %v, want one", st.Recent)
+		}
+		if ph.Engine <= 0 || ph.Accept <= 0 || ph.Ready < 0 || ph.Confirm <= 0 || ph.Retries < 0 {
+			t.Fatalf("phases %+v: want the engine call, the accept and the check measured", ph)
+		}
+		if sum := ph.Engine + ph.Accept + ph.Ready + ph.Confirm; sum > st.LastWake {
+			t.Fatalf("phases %+v add up to %s, more than the wake's %s", ph, sum, st.LastWake)
+		}
+	})
+}

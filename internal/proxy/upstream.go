@@ -104,25 +104,26 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 // authentication error) proves it serves. It reads the rest of the reply
 // before closing, since closing with unread input resets the connection
 // and Postgres logs that.
-func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (retry bool, err error) {
+func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (accepted time.Time, retry bool, err error) {
 	// One attempt is bounded on its own: something that accepts and never
 	// answers must not hold the wake's checks up until its deadline.
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	c, err := u.dial(ctx, addr)
 	if err != nil {
-		return true, err
+		return time.Time{}, true, err
 	}
+	accepted = time.Now()
 	c, first, retry, err := u.exchange(ctx, c, addr, packet)
 	if err != nil {
-		return retry, err
+		return accepted, retry, err
 	}
 	defer c.Close()
 	if h := pgwire.ReplyHeader(first[:5]); h.BodyLen() > 0 && h.BodyLen() < 1<<16 && len(first) == 5 {
 		_ = c.SetReadDeadline(time.Now().Add(time.Second))
 		_, _ = io.CopyN(io.Discard, c, int64(h.BodyLen()))
 	}
-	return false, nil
+	return accepted, false, nil
 }
 
 // probeTimeout bounds one readiness probe; a timed-out probe is retried.
