@@ -314,6 +314,7 @@ for r in $(seq "$ROUNDS"); do
 			read -r tps cpu us cs < <(run_pgbench "$t" "$c")
 			log "round $r  -c $c  $t: $tps tps$([[ $t == direct* ]] || echo " ($t CPU ${cpu}%, ${us} us/tx, $cs switches/tx)"); load $(loadavg)"
 			TPS[$t,$c]+="$tps "
+			echo "$t $c $tps" >>"$work/tps.txt" # for bench/plot
 			CPU[$t,$c]+="$cpu "
 			CPUTX[$t,$c]+="$us "
 			CSTX[$t,$c]+="$cs "
@@ -456,6 +457,35 @@ else
 	tiered_table="(the tiered benchmark failed; see the log above)"
 fi
 
+# --- 6. wake against the machine's own limit ---------------------------------------
+
+# BenchmarkIntegrationWakeLimit interleaves pgwake's wake with a bare
+# docker start / unpause of the same container polled to the first row,
+# on a quiet machine and then with pgbench -S running beside it.
+limit_table() {
+	local out="$work/limit-$1.out" load=0
+	[[ $1 == loaded ]] && load=1
+	mkdir -p "$work/limit-$1"
+	if (cd "$root" && PGWAKETEST_IMAGE="$IMAGE" PGWAKE_BENCH_WAKES="$GOWAKES" PGWAKE_BENCH_LOAD="$load" \
+		PGWAKE_BENCH_OUT="$work/limit-$1" go test -run '^$' -bench WakeLimit -benchtime 1x -v ./internal/proxy/) >"$out" 2>&1; then
+		sed -n '/| wake from/,/phases are medians/p' "$out" | sed 's/^[[:space:]]*//'
+	else
+		tail -n 20 "$out" >&2
+		echo "(the wake-limit benchmark failed; see the log above)"
+	fi
+}
+log "wakes against the raw limit, quiet"
+limit_quiet="$(limit_table quiet)"
+log "wakes against the raw limit, with pgbench beside them"
+limit_loaded="$(limit_table loaded)"
+
+# --- plots --------------------------------------------------------------------------
+
+log "plots"
+if ! (cd "$root" && go run ./bench/plot -tps "$work/tps.txt" -wakes "$work/limit-quiet/wakelimit.txt" -out "$here"); then
+	log "plots failed"
+fi
+
 # --- report ------------------------------------------------------------------------
 
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -551,6 +581,18 @@ report="$work/results.md"
 	echo "One tiered project, the two paths interleaved on the same server and data; a pgconn client from connect to the first row of SELECT 1 through the proxy; \"pgwake's own wake\" is its start or unpause until Postgres answers."
 	echo
 	echo "$tiered_table"
+	echo
+	echo "## 6. Wake against the machine's limit, ms (BenchmarkIntegrationWakeLimit, $GOWAKES wakes per path and side)"
+	echo
+	echo "raw: the same container started (or unpaused) by a bare Engine API call, then a connect every millisecond to the first row of SELECT 1 at its address, no proxy; pgwake: a client's connect through pgwake to the first row. Interleaved on one tiered project. Phases (medians of pgwake's own wakes): engine = the start or unpause call, accept = until the server first accepted a TCP connection, ready = until Postgres answered (mean 57P03 refusals in brackets), confirm = the check that the server is the run started. Targets: median ratio <= 1.05, p95 ratio <= 1.15."
+	echo
+	echo "Quiet machine:"
+	echo "$limit_quiet"
+	echo
+	echo "With pgbench -S (4 clients) against another project of the same pgwake:"
+	echo "$limit_loaded"
+	echo
+	echo "![wake from stop](wake-stop.png) ![throughput](throughput.png)"
 } >"$report"
 
 cat "$report"

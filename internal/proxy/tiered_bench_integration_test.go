@@ -30,20 +30,9 @@ func BenchmarkIntegrationTieredWake(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("PGWAKE_BENCH_WAKES")); err == nil && v > 0 {
 		n = v
 	}
-	h := newHarness(b, dockerKit{}, harnessOptions{proxy: proxy.Options{SweepInterval: 20 * time.Millisecond}})
 	const name = "benchtier"
-	spec := h.newSpec(name)
-	if err := h.be.Ensure(b.Context(), spec); err != nil {
-		b.Fatal(err)
-	}
-	// Nothing sleeps on its own: every pause is a Sleep call, every stop
-	// the sweep's once the test lowers stop_after.
-	if err := h.srv.AddProject(b.Context(), proxy.Project{Spec: spec, Backend: h.be, SleepMode: backend.SleepTiered, StopAfter: time.Hour}); err != nil {
-		b.Fatal(err)
-	}
-	ctx := b.Context()
-	h.seed(spec, "create table notes(n int); insert into notes select generate_series(1, 1000)") // the first start (initdb)
-	h.waitFor(name, "no connections", time.Minute, func(st proxy.Status) bool { return st.Active == 0 })
+	tb := newTieredBench(b, name)
+	h, spec, ctx := tb.h, tb.spec, b.Context()
 	firstRow := func() time.Duration {
 		b.Helper()
 		start := time.Now()
@@ -56,25 +45,10 @@ func BenchmarkIntegrationTieredWake(b *testing.B) {
 		}
 		took := time.Since(start)
 		conn.Close(ctx)
-		h.waitFor(name, "no connections", time.Minute, func(st proxy.Status) bool { return st.Active == 0 })
+		tb.idle()
 		return took
 	}
-	sleepTo := func(step string) {
-		b.Helper()
-		stopAfter := time.Hour
-		if step == "stop" {
-			stopAfter = time.Millisecond
-		}
-		if err := h.srv.SetStopAfter(name, stopAfter); err != nil {
-			b.Fatal(err)
-		}
-		if err := h.srv.Sleep(ctx, name); err != nil {
-			b.Fatal(err)
-		}
-		h.waitFor(name, "asleep ("+step+")", time.Minute, func(st proxy.Status) bool {
-			return st.State == proxy.StateSleeping && st.Asleep == step
-		})
-	}
+	sleepTo := tb.sleepTo
 
 	client := map[string][]time.Duration{}
 	own := map[string][]time.Duration{} // pgwake's own wake: start or unpause until Postgres answers
@@ -105,6 +79,56 @@ func BenchmarkIntegrationTieredWake(b *testing.B) {
 	fmt.Fprintf(&tab, "\nwarm (awake, same client): median %s ms, p95 %s ms\n", ms(warm), ms(nearestRank(client["warm"], 0.95)))
 	b.ReportMetric(float64(warm.Microseconds())/1000, "warm-median-ms")
 	b.Log(tab.String())
+}
+
+// tieredBench is one tiered project of a Docker harness, seeded (its
+// first start done), that nothing puts to sleep but the benchmark: every
+// pause a Sleep call, every stop the sweep's once sleepTo lowers
+// stop_after.
+type tieredBench struct {
+	b    *testing.B
+	h    *harness
+	spec backend.Spec
+}
+
+func newTieredBench(b *testing.B, name string) *tieredBench {
+	h := newHarness(b, dockerKit{}, harnessOptions{proxy: proxy.Options{SweepInterval: 20 * time.Millisecond}})
+	spec := h.newSpec(name)
+	if err := h.be.Ensure(b.Context(), spec); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.srv.AddProject(b.Context(), proxy.Project{Spec: spec, Backend: h.be, SleepMode: backend.SleepTiered, StopAfter: time.Hour}); err != nil {
+		b.Fatal(err)
+	}
+	tb := &tieredBench{b: b, h: h, spec: spec}
+	h.seed(spec, "create table notes(n int); insert into notes select generate_series(1, 1000)") // the first start (initdb)
+	tb.idle()
+	return tb
+}
+
+// idle waits until the project has no connections.
+func (tb *tieredBench) idle() {
+	tb.b.Helper()
+	tb.h.waitFor(tb.spec.Name, "no connections", time.Minute, func(st proxy.Status) bool { return st.Active == 0 })
+}
+
+// sleepTo puts the project to sleep, to its pause or its stop.
+func (tb *tieredBench) sleepTo(step string) {
+	b, name := tb.b, tb.spec.Name
+	b.Helper()
+	stopAfter := time.Hour
+	if step == "stop" {
+		stopAfter = time.Millisecond
+	}
+	if err := tb.h.srv.SetStopAfter(name, stopAfter); err != nil {
+		b.Fatal(err)
+	}
+	if err := tb.h.srv.Sleep(b.Context(), name); err != nil {
+		b.Fatal(err)
+	}
+	tb.h.waitFor(name, "asleep ("+step+")", time.Minute, func(st proxy.Status) bool {
+		return st.State == proxy.StateSleeping && st.Asleep == step
+	})
 }
 
 // nearestRank is the nearest-rank q-quantile of d.
