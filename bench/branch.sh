@@ -46,76 +46,17 @@ IMAGE="${PGWAKETEST_IMAGE:-pgwake-test/postgres:15}"
 SRC=src
 ROWS=$((SCALE * 100000))
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
 script_start="$(now)"
 
-# --- tools ------------------------------------------------------------------
-
-# Debian's /usr/bin wrappers cost ~100 ms per start: call the real binaries.
-pgbin=""
-for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-	if [[ -x "$d/pgbench" && -x "$d/psql" && -x "$d/pg_dump" && -x "$d/pg_restore" ]]; then pgbin="$d"; break; fi
-done
-[[ -n "$pgbin" ]] || die "no /usr/lib/postgresql/*/bin with pgbench, psql, pg_dump and pg_restore (apt-get install postgresql-client)"
-PSQL="$pgbin/psql" PGBENCH="$pgbin/pgbench" PGDUMP="$pgbin/pg_dump" PGRESTORE="$pgbin/pg_restore"
-for t in docker go jq; do
-	command -v "$t" >/dev/null || die "$t not found"
-done
-
-# --- state and clean-up -------------------------------------------------------
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/pgwake-bench-branch.XXXXXX")"
-# pgwake reads ./pgwake.yaml and every PGWAKE_* variable: run it from the
-# work directory with only the settings below.
-cd "$work"
-for v in $(compgen -e | grep '^PGWAKE_' || true); do unset "$v"; done
-export PGWAKE_STATE_DIR="$work/state"
-export PGWAKE_IMAGE="$IMAGE"
-PGWAKE="$work/pgwake"
-instance=""
-events_pid=""
-load_pid=""
-
-cleanup() {
-	local rc=$?
-	set +e
-	trap - EXIT INT TERM
-	if [[ -n "$load_pid" ]]; then
-		kill "$load_pid" 2>/dev/null
-		wait "$load_pid" 2>/dev/null
-	fi
-	if [[ -x "$PGWAKE" && -S "$PGWAKE_STATE_DIR/pgwake.sock" ]]; then
-		timeout 180 "$PGWAKE" down --volumes --timeout 150s >/dev/null 2>&1
-	fi
-	if [[ -z "$instance" && -f "$PGWAKE_STATE_DIR/state.json" ]]; then
-		instance="$(jq -r '.instance // empty' "$PGWAKE_STATE_DIR/state.json" 2>/dev/null)"
-	fi
-	if [[ -n "$instance" ]]; then
-		local ids vols
-		ids="$(docker ps -aq --filter "label=dev.pgwake.instance=$instance")"
-		[[ -n "$ids" ]] && docker rm -f -v $ids >/dev/null
-		vols="$(docker volume ls -q --filter "label=dev.pgwake.instance=$instance")"
-		[[ -n "$vols" ]] && docker volume rm -f $vols >/dev/null
-	fi
-	if [[ -n "$events_pid" ]]; then
-		kill "$events_pid" 2>/dev/null
-		wait "$events_pid" 2>/dev/null
-	fi
-	if [[ $rc -ne 0 || -n "${BENCH_KEEP:-}" ]]; then
-		log "work directory kept: $work (pgwake.log under state/)"
-	else
-		rm -rf "$work"
-	fi
-	exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# --- helpers ------------------------------------------------------------------
+# shellcheck source=bench/lib.sh
+source "$here/lib.sh"
+[[ -n "$pgbin" && -x "$pgbin/pg_dump" && -x "$pgbin/pg_restore" ]] ||
+	die "no /usr/lib/postgresql/*/bin with pgbench, psql, pg_dump and pg_restore (apt-get install postgresql-client)"
+PGDUMP="$pgbin/pg_dump" PGRESTORE="$pgbin/pg_restore"
+need_tools docker go jq
+DOWN_FLAGS=(--volumes)
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -134,10 +75,6 @@ free_range() {
 	die "no free port range"
 }
 
-median() { { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END{if(NR==0){print "nan"; exit} if(NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-stat_of() { echo $1 | tr ' ' '\n' | $2; }
-num() { [[ "$1" =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; }
-fmt1() { if num "$1"; then awk -v x="$1" 'BEGIN{printf "%.1f", x}'; else echo n/a; fi; }
 ratio() { if num "$1" && num "$2"; then awk -v a="$1" -v b="$2" 'BEGIN{if(b>0) printf "%.1f", a/b; else print "n/a"}'; else echo n/a; fi; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
