@@ -77,6 +77,21 @@ cur = c.cursor(); cur.execute("select 40 + 2"); print(cur.fetchone()[0])`
 			conn := h.connect(t.Context(), spec)
 			wantRow(t, conn, 1, "select 1")
 		})
+		t.Run("a wrong password takes the server's time", func(t *testing.T) {
+			// An awake login is timed: the server's connect, startup and
+			// SCRAM until AuthenticationOk.
+			h.connect(t.Context(), spec).Close(t.Context())
+			took := h.srv.LoginTime("authed")
+			start := time.Now()
+			_, err := pgconn.Connect(t.Context(), h.url(wrong))
+			elapsed := time.Since(start)
+			if code := sqlstate(err); code != "28P01" {
+				t.Fatalf("wrong password: %v, want 28P01", err)
+			}
+			if took <= 0 || elapsed < took {
+				t.Fatalf("wrong password answered in %s; the server logs in in %s, so no sooner", elapsed, took)
+			}
+		})
 		t.Run("another role passes through", func(t *testing.T) {
 			conn := h.connect(t.Context(), spec)
 			if _, err := conn.Exec(t.Context(), "create role app login password 'app-pw'"); err != nil {

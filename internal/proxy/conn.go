@@ -126,6 +126,7 @@ func (c *clientConn) serve(ctx context.Context) {
 		cred = nil // another role: the server knows its password, pgwake does not
 	}
 	if cred != nil {
+		authStart := time.Now()
 		if err := c.authenticate(cred); err != nil {
 			s.throttle.failed(ip, paid)
 			p.countAuth(true, false)
@@ -135,6 +136,12 @@ func (c *clientConn) serve(ctx context.Context) {
 				return // the client went away
 			}
 			s.log.Info("authentication failed", "project", name, "remote", c.conn.RemoteAddr(), "err", ae.err)
+			if ae.code == pgwire.CodeInvalidPassword {
+				// Answered in the time the server itself takes to
+				// refuse, so a wrong password is no faster to try
+				// here than against Postgres.
+				waitUntil(ctx, authStart.Add(p.loginTime()))
+			}
 			s.refuse(c.conn, name, ae.code, ae.msg, "")
 			return
 		}
@@ -167,9 +174,13 @@ func (c *clientConn) serve(ctx context.Context) {
 	if !p.running() {
 		wctx, stopWatch = c.watchHangup(ctx)
 	}
+	awake, loginStart := p.running(), time.Now()
 	up, first, err := p.connect(wctx, packet)
 	if err == nil && cred != nil {
 		up, first, err = c.login(wctx, p, up, first, packet, cred)
+		if err == nil && awake {
+			p.noteLogin(time.Since(loginStart))
+		}
 	}
 	early := stopWatch()
 	if err != nil && errors.Is(context.Cause(wctx), errClientGone) {

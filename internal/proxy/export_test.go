@@ -32,3 +32,13 @@ func (s *Server) Sweep() {
 func (s *Server) SetStopAfter(name string, d time.Duration) error {
 	return s.setConfig(name, func(c *Project) { c.StopAfter = d })
 }
+
+// LoginTime is the time project's server took to log pgwake in last,
+// which a wrong password at pgwake is answered in.
+func (s *Server) LoginTime(name string) time.Duration {
+	p := s.project(name)
+	if p == nil {
+		return 0
+	}
+	return p.loginTime()
+}
