@@ -126,7 +126,6 @@ func (c *clientConn) serve(ctx context.Context) {
 		cred = nil // another role: the server knows its password, pgwake does not
 	}
 	if cred != nil {
-		authStart := time.Now()
 		if err := c.authenticate(cred); err != nil {
 			s.throttle.failed(ip, paid)
 			p.countAuth(true, false)
@@ -137,10 +136,11 @@ func (c *clientConn) serve(ctx context.Context) {
 			}
 			s.log.Info("authentication failed", "project", name, "remote", c.conn.RemoteAddr(), "err", ae.err)
 			if ae.code == pgwire.CodeInvalidPassword {
-				// Answered in the time the server itself takes to
-				// refuse, so a wrong password is no faster to try
-				// here than against Postgres.
-				waitUntil(ctx, authStart.Add(p.loginTime()))
+				// Answered no sooner than the server itself would
+				// (its fork and login, timed on pgwake's own), so a
+				// wrong password is no faster to try here than
+				// against Postgres.
+				waitUntil(ctx, time.Now().Add(p.loginTime()))
 			}
 			s.refuse(c.conn, name, ae.code, ae.msg, "")
 			return
@@ -174,12 +174,12 @@ func (c *clientConn) serve(ctx context.Context) {
 	if !p.running() {
 		wctx, stopWatch = c.watchHangup(ctx)
 	}
-	awake, loginStart := p.running(), time.Now()
+	awake, w0, loginStart := p.running(), p.wakeCount(), time.Now()
 	up, first, err := p.connect(wctx, packet)
 	if err == nil && cred != nil {
 		up, first, err = c.login(wctx, p, up, first, packet, cred)
 		if err == nil && awake {
-			p.noteLogin(time.Since(loginStart))
+			p.noteLogin(time.Since(loginStart), w0)
 		}
 	}
 	early := stopWatch()

@@ -424,10 +424,26 @@ func (p *project) loginTime() time.Duration {
 	return p.serverLogin
 }
 
-func (p *project) noteLogin(d time.Duration) {
+// maxLoginTime bounds a login sample: one slowed by a retry or a busy
+// moment must not make every wrong password wait seconds.
+const maxLoginTime = 500 * time.Millisecond
+
+// noteLogin records a login of pgwake's to the server that took d, if no
+// wake happened meanwhile (wakes still w0): only then was it the
+// server's own time.
+func (p *project) noteLogin(d time.Duration, w0 int) {
 	p.mu.Lock()
-	p.serverLogin = d
+	if p.wakes == w0 && p.state == StateRunning {
+		p.serverLogin = min(d, maxLoginTime)
+	}
 	p.mu.Unlock()
+}
+
+// wakeCount is the number of wakes so far.
+func (p *project) wakeCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.wakes
 }
 
 // waitUntil waits until t or until ctx ends.
@@ -685,8 +701,8 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target, ph
 	accepted := false
 	for {
 		at, retry, err := e.up.probe(ctx, t.addr, packet)
-		// A probe that got past the TCP connect reached the server's
-		// process: the rest is Postgres's own start-up.
+		// A probe the server's process answered (57P03 or a reply)
+		// ends the process start: the rest is Postgres's own start-up.
 		if !accepted && !at.IsZero() {
 			accepted = true
 			ph.Accept = at.Sub(start)

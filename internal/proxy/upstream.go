@@ -87,7 +87,7 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 			return nil, nil, false, err
 		}
 		if e.Code == pgwire.CodeCannotConnectNow {
-			return nil, nil, true, fmt.Errorf("server not ready: %s", e.Message)
+			return nil, nil, true, fmt.Errorf("%w: %s", errStartingUp, e.Message)
 		}
 		first = append(first, body...)
 	}
@@ -116,6 +116,11 @@ func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (accep
 	accepted = time.Now()
 	c, first, retry, err := u.exchange(ctx, c, addr, packet)
 	if err != nil {
+		if !errors.Is(err, errStartingUp) {
+			// Nothing of Postgres answered: a connect that succeeds
+			// may be a port forwarder's, before the server listens.
+			accepted = time.Time{}
+		}
 		return accepted, retry, err
 	}
 	defer c.Close()
@@ -125,6 +130,10 @@ func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (accep
 	}
 	return accepted, false, nil
 }
+
+// errStartingUp is a server's 57P03: its process answers, Postgres does
+// not serve yet.
+var errStartingUp = errors.New("server not ready")
 
 // probeTimeout bounds one readiness probe; a timed-out probe is retried.
 const probeTimeout = 2 * time.Second

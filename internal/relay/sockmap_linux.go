@@ -165,10 +165,11 @@ func (k *Kernel) Splice(a, b *net.TCPConn) (*Pair, error) {
 		return nil, err
 	}
 	p := &Pair{k: k, slot: slot}
-	err = fa.Control(func(a uintptr) {
-		err = fb.Control(func(b uintptr) { err = p.insert(int(a), int(b)) })
+	var ctlB, insertErr error
+	ctlA := fa.Control(func(a uintptr) {
+		ctlB = fb.Control(func(b uintptr) { insertErr = p.insert(int(a), int(b)) })
 	})
-	if err != nil {
+	if err := errors.Join(ctlA, ctlB, insertErr); err != nil {
 		p.Remove()
 		return nil, err
 	}
