@@ -41,7 +41,8 @@ PGWAKE="$work/pgwake"
 instance=""
 daemon_pid=""
 # Background helpers to stop on exit, before pgwake goes down: scripts set
-# these (empty when none runs); DOWN_FLAGS are pgwake down's extra flags.
+# these (empty when none runs; holder_pid may list several), and
+# tmux_session; DOWN_FLAGS are pgwake down's extra flags.
 bouncer_pid="" holder_pid="" load_pid="" events_pid=""
 DOWN_FLAGS=()
 
@@ -50,7 +51,10 @@ cleanup() {
 	set +e
 	trap - EXIT INT TERM
 	if [[ -n "$holder_pid" ]]; then
-		exec 7>&- 2>/dev/null
+		{ exec 7>&-; } 2>/dev/null
+	fi
+	if [[ -n "${tmux_session:-}" ]]; then
+		tmux kill-session -t "$tmux_session" 2>/dev/null
 	fi
 	for p in $holder_pid $bouncer_pid $load_pid; do
 		kill "$p" 2>/dev/null

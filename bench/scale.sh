@@ -104,6 +104,7 @@ log "ls $(stat_of "$LS" median) ms, GET /v1/projects $(stat_of "$ALL" median) ms
 # The time from a key to the frame that shows its effect: the filter (/)
 # narrowed to the last project, which is off the first screen.
 sess="pgwake-scale-$$"
+tmux_session="$sess" # killed by the clean-up on failure
 tmux new-session -d -s "$sess" -x 160 -y 50 "PGWAKE_STATE_DIR='$PGWAKE_STATE_DIR' '$PGWAKE' status"
 trap_tmux() { tmux kill-session -t "$sess" 2>/dev/null || true; }
 pane_has() { tmux capture-pane -p -t "$sess" | grep -q -- "$1"; }
@@ -125,6 +126,7 @@ tmux send-keys -t "$sess" / "$last" Enter
 wait_pane "$last"
 tui_filter="$(awk -v a="$s" -v b="$(now_ms)" 'BEGIN{printf "%.0f", b-a}')"
 trap_tmux
+tmux_session=""
 log "TUI: first frame ${tui_first} ms, filter to the last project ${tui_filter} ms"
 
 # --- connections --------------------------------------------------------------------------
@@ -138,6 +140,7 @@ holder_pids=()
 for u in "${URLS[@]}"; do
 	"$work/conns" -url "$u" -n "$PER" -parallel 4 <"$work/holder.in" >>"$work/holder.out" 2>>"$work/holder.err" &
 	holder_pids+=($!)
+	holder_pid="${holder_pids[*]}" # for the clean-up on failure
 done
 exec 7>"$work/holder.in"
 for i in $(seq 3000); do
@@ -157,6 +160,7 @@ for _ in $(seq 10); do
 done
 exec 7>&-
 for p in "${holder_pids[@]}"; do wait "$p" || die "conns exited with an error"; done
+holder_pid=""
 log "$nconns open: RSS +$((rss_c - rss_c0)) KiB ($per_conn KiB each), fds $fd0 -> $fds, new client $(stat_of "$ACC" median) ms"
 
 # --- restart: adoption ------------------------------------------------------------------------
