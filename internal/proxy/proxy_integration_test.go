@@ -549,11 +549,14 @@ func TestIntegrationWakePhasesAddUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.waitState("phases", proxy.StateSleeping, time.Minute)
+		// The local backend runs initdb when the project is made, so its
+		// first start is a wake already: count from here.
+		before := len(h.status("phases").Recent)
 		h.seed(spec, "select 1")
 		st := h.status("phases")
 		ph := st.LastPhases
-		if len(st.Recent) != 1 {
-			t.Fatalf("recent wakes %v, want one", st.Recent)
+		if len(st.Recent) != before+1 {
+			t.Fatalf("recent wakes %v, want one more than %d", st.Recent, before)
 		}
 		if ph.Engine <= 0 || ph.Accept <= 0 || ph.Ready < 0 || ph.Confirm <= 0 || ph.Retries < 0 {
 			t.Fatalf("phases %+v: want the engine call, the accept and the check measured", ph)
