@@ -55,8 +55,11 @@ daemon_pid="$(curl -sf --unix-socket "$PGWAKE_STATE_DIR/pgwake.sock" http://x/v1
 [[ "$daemon_pid" =~ ^[0-9]+$ ]] || die "no daemon pid from the admin API"
 rss_start="$(rss_kib "$daemon_pid")"
 
-URL="$("$PGWAKE" create "$PROJECT" --sleep-mode stop --sleep-after 0 2>/dev/null)"
-PURL="$("$PGWAKE" create "$PPROJECT" --sleep-mode pause --sleep-after 0 2>/dev/null)"
+# create prints the URL without the password; url prints it whole.
+"$PGWAKE" create "$PROJECT" --sleep-mode stop --sleep-after 0 >/dev/null 2>&1
+"$PGWAKE" create "$PPROJECT" --sleep-mode pause --sleep-after 0 >/dev/null 2>&1
+URL="$("$PGWAKE" url "$PROJECT")"
+PURL="$("$PGWAKE" url "$PPROJECT")"
 password="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .password' "$PGWAKE_STATE_DIR/state.json")"
 pguser="$(jq -r --arg n "$PROJECT" '.projects[] | select(.name == $n) | .user' "$PGWAKE_STATE_DIR/state.json")"
 # TLS is on (for the TLS row); everything else measures the plaintext path.
@@ -237,6 +240,49 @@ gomaxprocs="$(grep -m1 -o 'gomaxprocs=[0-9]*' "$PGWAKE_STATE_DIR/pgwake.log" | c
 kill "$bouncer_pid" 2>/dev/null || true
 wait "$bouncer_pid" 2>/dev/null || true
 bouncer_pid=""
+
+# --- 2b. COPY of 100 MB in and out ----------------------------------------------------
+
+# The proxy's CPU while it relays a bulk COPY, as a share of what Postgres
+# itself spends on it (the container's cgroup), next to the same COPY
+# sent to the container's address directly.
+COPY_MB="${BENCH_COPY_MB:-100}"
+# container_cpu_ns NAME: CPU time of the container's cgroup, v1 or v2.
+container_cpu_ns() {
+	local id f
+	id="$(docker inspect -f '{{.Id}}' "$1")"
+	for f in /sys/fs/cgroup/cpuacct/docker/"$id"/cpuacct.usage /sys/fs/cgroup/cpu,cpuacct/docker/"$id"/cpuacct.usage; do
+		[[ -r "$f" ]] && { cat "$f"; return; }
+	done
+	f="$(find /sys/fs/cgroup -maxdepth 4 -path "*$id*" -name cpu.stat 2>/dev/null | head -n 1)"
+	if [[ -n "$f" ]]; then awk '/^usage_usec/{printf "%.0f\n", $2 * 1000}' "$f"; else echo nan; fi
+}
+log "COPY: writing $COPY_MB MB of rows"
+awk -v mb="$COPY_MB" 'BEGIN{pad = sprintf("%0100d", 0); n = mb * 1e6 / 110; for (i = 0; i < n; i++) printf "%d,%s\n", i, pad}' >"$work/copy.csv"
+"$PSQL" "$IURL" -qc 'create table if not exists copyt(id bigint, pad text)'
+declare -A COPYIN COPYOUT
+for r in $(seq "$ROUNDS"); do
+	for t in direct-ip pgwake; do
+		for dir in in out; do
+			[[ $dir == in ]] && "$PSQL" "$IURL" -qc 'truncate copyt'
+			p0="$(container_cpu_ns "$(container_of "$PROJECT")")" w0="$(cpu_ticks "$daemon_pid")" s="$(now_ms)"
+			if [[ $dir == in ]]; then
+				"$PSQL" "${TURL[$t]}" -qc "\\copy copyt from '$work/copy.csv' csv"
+			else
+				"$PSQL" "${TURL[$t]}" -qc "\\copy copyt to '/dev/null' csv"
+			fi
+			e="$(now_ms)" p1="$(container_cpu_ns "$(container_of "$PROJECT")")" w1="$(cpu_ticks "$daemon_pid")"
+			# seconds, Postgres CPU s, proxy CPU s (0 for direct)
+			line="$(awk -v a="$s" -v b="$e" -v p0="$p0" -v p1="$p1" -v w0="$w0" -v w1="$w1" -v hz="$hz" -v t="$t" \
+				'BEGIN{printf "%.2f %.2f %.2f", (b-a)/1000, (p1-p0)/1e9, (t == "pgwake") ? (w1-w0)/hz : 0}')"
+			log "round $r  COPY $dir  $t: $line (s, Postgres CPU s, proxy CPU s)"
+			if [[ $dir == in ]]; then COPYIN[$t]+="$line;"; else COPYOUT[$t]+="$line;"; fi
+		done
+	done
+done
+# copy_stat "LINES" FIELD: the median of a field (1 seconds, 2 Postgres
+# CPU, 3 proxy CPU) over the rounds.
+copy_stat() { echo "$1" | tr ';' '\n' | awk -v f="$2" 'NF {print $f}' | median; }
 
 # --- 3. cold wakes ------------------------------------------------------------------
 
@@ -422,6 +468,16 @@ report="$work/results.md"
 	done
 	echo
 	echo "pgwake ran with GOMAXPROCS=$gomaxprocs ($(nproc) CPUs; see bench/README.md)."
+	echo
+	echo "## 2b. COPY of $COPY_MB MB in and out (psql \\copy, medians of $ROUNDS)"
+	echo
+	echo "| | direct addr s | pgwake s | pgwake/direct | Postgres CPU s, direct / pgwake | pgwake's CPU s | pgwake's CPU / Postgres's |"
+	echo "|:--|---:|---:|---:|---:|---:|---:|"
+	for dir in in out; do
+		if [[ $dir == in ]]; then dl="${COPYIN[direct-ip]}" wl="${COPYIN[pgwake]}"; else dl="${COPYOUT[direct-ip]}" wl="${COPYOUT[pgwake]}"; fi
+		ds="$(copy_stat "$dl" 1)" ws="$(copy_stat "$wl" 1)" dp="$(copy_stat "$dl" 2)" wp="$(copy_stat "$wl" 2)" wc="$(copy_stat "$wl" 3)"
+		echo "| COPY $dir | $ds | $ws | $(ratio "$ws" "$ds") | $dp / $wp | $wc | $(ratio "$wc" "$wp") |"
+	done
 	echo
 	echo "## 2. Connect per transaction (pgbench -S -C, 10 clients), TPS"
 	echo
