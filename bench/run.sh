@@ -469,16 +469,6 @@ report="$work/results.md"
 	echo
 	echo "pgwake ran with GOMAXPROCS=$gomaxprocs ($(nproc) CPUs; see bench/README.md)."
 	echo
-	echo "## 2b. COPY of $COPY_MB MB in and out (psql \\copy, medians of $ROUNDS)"
-	echo
-	echo "| | direct addr s | pgwake s | pgwake/direct | Postgres CPU s, direct / pgwake | pgwake's CPU s | pgwake's CPU / Postgres's |"
-	echo "|:--|---:|---:|---:|---:|---:|---:|"
-	for dir in in out; do
-		if [[ $dir == in ]]; then dl="${COPYIN[direct-ip]}" wl="${COPYIN[pgwake]}"; else dl="${COPYOUT[direct-ip]}" wl="${COPYOUT[pgwake]}"; fi
-		ds="$(copy_stat "$dl" 1)" ws="$(copy_stat "$wl" 1)" dp="$(copy_stat "$dl" 2)" wp="$(copy_stat "$wl" 2)" wc="$(copy_stat "$wl" 3)"
-		echo "| COPY $dir | $ds | $ws | $(ratio "$ws" "$ds") | $dp / $wp | $wc | $(ratio "$wc" "$wp") |"
-	done
-	echo
 	echo "## 2. Connect per transaction (pgbench -S -C, 10 clients), TPS"
 	echo
 	cd_="$(stat_of "${CTPS[direct]}" median)"
@@ -488,6 +478,16 @@ report="$work/results.md"
 	echo "| $(fmt0 "$cd_") | $(fmt0 "$cw") | $(ratio "$cw" "$cd_") | $(fmt0 "$(stat_of "$CUS" median)") |"
 	echo
 	echo "All runs: direct ${CTPS[direct]% }; pgwake ${CTPS[pgwake]% }"
+	echo
+	echo "## 2b. COPY of $COPY_MB MB in and out (psql \\copy, medians of $ROUNDS)"
+	echo
+	echo "| | direct addr s | pgwake s | pgwake/direct | Postgres CPU s, direct / pgwake | pgwake's CPU s | pgwake's CPU / Postgres's |"
+	echo "|:--|---:|---:|---:|---:|---:|---:|"
+	for dir in in out; do
+		if [[ $dir == in ]]; then dl="${COPYIN[direct-ip]}" wl="${COPYIN[pgwake]}"; else dl="${COPYOUT[direct-ip]}" wl="${COPYOUT[pgwake]}"; fi
+		ds="$(copy_stat "$dl" 1)" ws="$(copy_stat "$wl" 1)" dp="$(copy_stat "$dl" 2)" wp="$(copy_stat "$wl" 2)" wc="$(copy_stat "$wl" 3)"
+		echo "| COPY $dir | $ds | $ws | $(ratio "$ws" "$ds") | $dp / $wp | $wc | $(ratio "$wc" "$wp") |"
+	done
 	echo
 	echo "## 3. Cold wake to the first row of SELECT 1, ms ($WAKES wakes timed around psql and $GOWAKES by firstrow, per sleep mode)"
 	echo
