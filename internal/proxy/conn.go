@@ -171,10 +171,14 @@ func (c *clientConn) serve(ctx context.Context) {
 	// Only a client parked for a wake is watched for hanging up: on an
 	// awake project the wait is one round trip, not worth a goroutine.
 	wctx, stopWatch := ctx, func() []byte { return nil }
-	if !p.running() {
+	awake := p.running()
+	if !awake {
 		wctx, stopWatch = c.watchHangup(ctx)
 	}
-	awake, w0, loginStart := p.running(), p.wakeCount(), time.Now()
+	w0, loginStart := 0, time.Now()
+	if cred != nil && awake {
+		w0 = p.wakeCount() // only pgwake's own logins are timed
+	}
 	up, first, err := p.connect(wctx, packet)
 	if err == nil && cred != nil {
 		up, first, err = c.login(wctx, p, up, first, packet, cred)
