@@ -140,6 +140,10 @@ sleep_project() {
 }
 
 rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+# anon_kib PID: the anonymous part of its RSS (heap, stacks), what the
+# process itself allocated; the rest of VmRSS is the mapped binary, page
+# cache the kernel can drop and every pgwake process shares.
+anon_kib() { awk '/^RssAnon:/{print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # ctx_switches PID: voluntary + involuntary context switches of all its threads.
 ctx_switches() { cat "/proc/$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/{s += $2} END{print s + 0}'; }

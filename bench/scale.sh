@@ -6,10 +6,12 @@
 # Tunables (environment): BENCH_PROJECTS (1000), BENCH_AWAKE (projects woken
 # and kept awake, 10), BENCH_IDLE (seconds the idle daemon's CPU is
 # measured over, 60), BENCH_CONNS_PER (connections held per awake project,
-# 90: Postgres's default max_connections is 100), PGWAKETEST_IMAGE,
-# BENCH_KEEP=1 keeps the work directory.
+# 90; above 90 each server is given max_connections of that plus 10: 20
+# awake projects of 500 make the 10,000-connection run), PGWAKETEST_IMAGE,
+# BENCH_KEEP=1 keeps the work directory, BENCH_OUT (bench/results-scale.md)
+# is where the report goes.
 #
-# Prints a markdown table and writes it to bench/results-scale.md.
+# Prints a markdown table and writes it to $BENCH_OUT.
 # Everything it starts is removed on exit, also on failure or Ctrl-C.
 set -euo pipefail
 
@@ -21,6 +23,7 @@ NAWAKE="${BENCH_AWAKE:-10}"
 IDLE="${BENCH_IDLE:-60}"
 PER="${BENCH_CONNS_PER:-90}"
 IMAGE="${PGWAKETEST_IMAGE:-pgwake-test/postgres:15}"
+OUT="${BENCH_OUT:-$here/results-scale.md}"
 
 # shellcheck source=bench/lib.sh
 source "$here/lib.sh"
@@ -44,6 +47,15 @@ if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
 	"$root/testdata/postgres-image/build.sh" "$IMAGE" >/dev/null
 fi
 
+# pgwake raises its soft open-files limit to the hard one; each client
+# connection takes two descriptors (client and server), so the hard limit
+# must leave room for them. Raised here when allowed (root).
+want_fds=$((NAWAKE * PER * 2 + 1024))
+if [[ "$(ulimit -Hn)" != unlimited && "$(ulimit -Hn)" -lt "$want_fds" ]]; then
+	ulimit -Hn "$want_fds" 2>/dev/null && ulimit -Sn "$want_fds" ||
+		log "warning: open-files hard limit $(ulimit -Hn) < $want_fds; connections beyond it will fail"
+fi
+
 port="$(free_port)"
 start_daemon() {
 	"$PGWAKE" up -d --wait --listen "127.0.0.1:$port" --sleep-after 0 \
@@ -53,14 +65,17 @@ start_daemon() {
 }
 start_daemon
 instance="$(jq -r .instance "$PGWAKE_STATE_DIR/state.json")"
-rss0="$(rss_kib "$daemon_pid")"
+rss0="$(rss_kib "$daemon_pid")" anon0="$(anon_kib "$daemon_pid")"
 log "pgwake $daemon_pid on 127.0.0.1:$port, RSS $rss0 KiB with no project"
 
 # --- projects -------------------------------------------------------------------
 
 log "creating $NPROJ projects (no own port each: --no-port)"
 s="$(now_ms)"
-seq "$NPROJ" | xargs -P 4 -I{} sh -c '"$0" create "$(printf p%04d {})" --no-port --sleep-mode stop >/dev/null 2>>"$1/create.err"' "$PGWAKE" "$work" ||
+# Postgres's default max_connections is 100: more connections per project
+# need a server that takes them (and one for psql and the probes).
+maxconn=$((PER + 10 > 100 ? PER + 10 : 100))
+seq "$NPROJ" | xargs -P 4 -I{} sh -c '"$0" create "$(printf p%04d {})" --no-port --sleep-mode stop --set "max_connections=$2" >/dev/null 2>>"$1/create.err"' "$PGWAKE" "$work" "$maxconn" ||
 	die "create failed: $(tail -n 3 "$work/create.err")"
 create_s="$(awk -v a="$s" -v b="$(now_ms)" 'BEGIN{printf "%.1f", (b-a)/1000}')"
 [[ "$(count_projects)" -eq "$NPROJ" ]] || die "ls shows $(count_projects) projects, want $NPROJ"
@@ -75,7 +90,7 @@ for i in $(seq "$NAWAKE"); do
 done
 awake="$("$PGWAKE" ls --json | jq '[.[] | select(.state == "running")] | length')"
 sleep 2
-rss_n="$(rss_kib "$daemon_pid")"
+rss_n="$(rss_kib "$daemon_pid")" anon_n="$(anon_kib "$daemon_pid")"
 per_proj="$(awk -v a="$rss_n" -v b="$rss0" -v n="$NPROJ" 'BEGIN{printf "%.1f", (a-b)/n}')"
 log "$awake awake: RSS $rss_n KiB, $per_proj KiB per project"
 
@@ -192,6 +207,7 @@ report="$work/report.md"
 	echo "|:--|---:|"
 	echo "| create $NPROJ projects (4 at a time, each a container and a volume) | ${create_s} s |"
 	echo "| daemon RSS with no project / with $NPROJ ($awake awake) | $(fmt1 "$(awk -v k="$rss0" 'BEGIN{print k/1024}')") / $(fmt1 "$(awk -v k="$rss_n" 'BEGIN{print k/1024}')") MiB |"
+	echo "| of which anonymous (RssAnon), no project / $NPROJ | $(fmt1 "$(awk -v k="$anon0" 'BEGIN{print k/1024}')") / $(fmt1 "$(awk -v k="$anon_n" 'BEGIN{print k/1024}')") MiB |"
 	echo "| RSS per project | $per_proj KiB |"
 	echo "| idle daemon CPU (${IDLE} s, sweeps included) | ${idle_cpu} % of one CPU |"
 	echo "| \`pgwake ls\` (median of 10) | $(stat_of "$LS" median) ms |"
@@ -204,5 +220,5 @@ report="$work/report.md"
 	echo "| restart: \`pgwake up\` until ls shows all $NPROJ | ${adopt_s} s |"
 } >"$report"
 cat "$report"
-cp "$report" "$here/results-scale.md"
-log "written to bench/results-scale.md"
+cp "$report" "$OUT"
+log "written to $OUT"
