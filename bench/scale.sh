@@ -49,7 +49,7 @@ fi
 
 # pgwake raises its soft open-files limit to the hard one; each client
 # connection takes two descriptors (client and server), so the hard limit
-# must leave room for them. Raised here when allowed (root).
+# must leave room for them. Raised here when allowed (CAP_SYS_RESOURCE).
 want_fds=$((NAWAKE * PER * 2 + 1024))
 if [[ "$(ulimit -Hn)" != unlimited && "$(ulimit -Hn)" -lt "$want_fds" ]]; then
 	ulimit -Hn "$want_fds" 2>/dev/null && ulimit -Sn "$want_fds" ||
