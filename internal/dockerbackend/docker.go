@@ -75,6 +75,62 @@ type Backend struct {
 	localIPs map[netip.Addr]bool
 
 	init initState // what each container's init markers said
+
+	frozen frozenRuns // the containers this backend paused
+}
+
+// frozenRuns remembers, per container name, the container this backend
+// paused and where it served, so that waking it costs the unpause alone:
+// the inspect Start would make first is the only other engine call on a
+// wake from pause, and a waiting client's. A container's ID names it for
+// good, labels included, so an unpause by ID touches only the container
+// pgwake paused. An entry is used once, and dropped when the engine reports
+// the container started, stopped, unpaused or removed (Watch). If the
+// container changed behind pgwake's back unseen, the unpause fails (not
+// paused, gone) and Start takes its usual path; one restarted and paused
+// again outside unpauses with the old run and address, which the proxy's
+// check of every connection (Status, before a byte is relayed or pgwake's
+// login is sent) refuses, and the wake is made again.
+type frozenRuns struct {
+	mu   sync.Mutex
+	runs map[string]frozenRun
+}
+
+type frozenRun struct{ id, addr, run string }
+
+func (f *frozenRuns) put(name string, r frozenRun) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runs == nil {
+		f.runs = map[string]frozenRun{}
+	}
+	f.runs[name] = r
+}
+
+// take removes and returns name's entry.
+func (f *frozenRuns) take(name string) (frozenRun, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runs[name]
+	delete(f.runs, name)
+	return r, ok
+}
+
+// forget removes the entry of the container with id.
+func (f *frozenRuns) forget(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for name, r := range f.runs {
+		if r.id == id {
+			delete(f.runs, name)
+		}
+	}
+}
+
+func (f *frozenRuns) clear() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.runs)
 }
 
 var (
@@ -537,6 +593,12 @@ func (b *Backend) ensureImage(ctx context.Context, ref string) (client.ImageInsp
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (_ backend.Endpoint, err error) {
 	defer markUnavailable(&err)
 	name := b.ContainerName(spec.Name)
+	if r, ok := b.frozen.take(name); ok {
+		if _, err := b.cli.ContainerUnpause(ctx, r.id, client.ContainerUnpauseOptions{}); err == nil {
+			return backend.Endpoint{Addr: r.addr, ID: r.run, Serving: true}, nil
+		}
+		// Not paused any more, or gone: find out what is there.
+	}
 	c, err := b.inspect(ctx, spec)
 	if err != nil {
 		return backend.Endpoint{}, err
@@ -768,11 +830,17 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 	}
 	paused := c.State != nil && c.State.Paused
 	if mode == backend.SleepPause {
-		if paused {
-			return nil
+		if !paused {
+			if err := b.pause(ctx, c.ID, name); err != nil {
+				return err
+			}
 		}
-		return b.pause(ctx, c.ID, name)
+		if addr := b.dialAddr(*c); addr != "" && c.State != nil && (c.State.Running || c.State.Paused) {
+			b.frozen.put(name, frozenRun{id: c.ID, addr: addr, run: runID(*c)})
+		}
+		return nil
 	}
+	b.frozen.take(name)
 	if err := b.stop(ctx, c.ID, paused); err != nil {
 		return fmt.Errorf("container %q: %w", name, err)
 	}
@@ -783,6 +851,7 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 // Sent with kill, not stop: engines before API 1.42 ignore stop's signal.
 func (b *Backend) Kill(ctx context.Context, spec backend.Spec) (err error) {
 	defer markUnavailable(&err)
+	b.frozen.take(b.ContainerName(spec.Name))
 	c, err := b.inspect(ctx, spec)
 	if err != nil || c == nil || c.State == nil || !c.State.Running {
 		return err
@@ -942,6 +1011,7 @@ func publishedAddr(c container.InspectResponse) string {
 // with volumes it is simply killed.
 func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) (err error) {
 	defer markUnavailable(&err)
+	b.frozen.take(b.ContainerName(spec.Name))
 	if _, err := b.inspect(ctx, spec); err != nil {
 		return err
 	}
@@ -966,6 +1036,7 @@ func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) (
 // fast first when their data stays.
 func (b *Backend) RemoveAll(ctx context.Context, volumes bool) (err error) {
 	defer markUnavailable(&err)
+	b.frozen.clear()
 	return b.removeLabelled(ctx, b.instanceFilter(), volumes)
 }
 
@@ -1093,6 +1164,10 @@ func (b *Backend) watchOnce(ctx context.Context, out chan<- backend.Event) error
 		case m := <-res.Messages:
 			if m.Actor.Attributes[LabelRole] != "" {
 				continue // a helper (a copy), not the project's server
+			}
+			if m.Action != events.ActionPause {
+				// Changed since pgwake paused it: the next wake looks.
+				b.frozen.forget(m.Actor.ID)
 			}
 			ev := backend.Event{Project: m.Actor.Attributes[LabelProject]}
 			switch m.Action {

@@ -326,6 +326,83 @@ func TestIntegrationRunID(t *testing.T) {
 	}
 }
 
+// TestIntegrationUnpauseAfterChangesOutside: a wake from a pause unpauses
+// the container Sleep paused without inspecting it first, so whatever
+// happened to it in between must still end in a serving container, and a
+// new run must show in Status, which the proxy checks every connection
+// against.
+func TestIntegrationUnpauseAfterChangesOutside(t *testing.T) {
+	t.Parallel()
+	cli := testenv.DockerClient(t)
+	img := testenv.PostgresImage(t)
+	b := newBackend(t, cli, newInstance(t))
+	spec := projectSpec("app", img)
+	name := b.ContainerName(spec.Name)
+	ctx := t.Context()
+
+	first, err := b.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitServing(t, cli, name)
+	pause := func() {
+		t.Helper()
+		if err := b.Sleep(ctx, spec, backend.SleepPause); err != nil {
+			t.Fatal(err)
+		}
+		assertContainer(t, cli, name, container.StatePaused)
+	}
+	start := func(what string) backend.Endpoint {
+		t.Helper()
+		ep, err := b.Start(ctx, spec)
+		if err != nil {
+			t.Fatalf("Start after %s: %v", what, err)
+		}
+		assertContainer(t, cli, name, container.StateRunning)
+		return ep
+	}
+
+	// Unpaused behind pgwake's back: the unpause fails, Start looks.
+	pause()
+	if _, err := cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ep := start("an unpause outside"); ep.ID != first.ID || ep.Addr != first.Addr {
+		t.Fatalf("Start = %+v, want the same run %+v", ep, first)
+	}
+
+	// Restarted and paused again outside: the unpause succeeds and
+	// reports the run pgwake paused; Status names the new one.
+	pause()
+	for _, op := range []func() error{
+		func() error { _, err := cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); return err },
+		func() error { _, err := cli.ContainerRestart(ctx, name, client.ContainerRestartOptions{}); return err },
+		func() error { _, err := cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); return err },
+	} {
+		if err := op(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := start("a restart outside")
+	st, err := b.Status(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.ID != first.ID || st.State != backend.StateRunning || st.ID == first.ID || st.ID == "" {
+		t.Fatalf("Start = %+v, then Status = %+v: want the paused run from Start and a new run from Status", ep, st)
+	}
+
+	// Removed while paused: Start makes a new container on the volume.
+	waitServing(t, cli, name)
+	pause()
+	if _, err := cli.ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if ep := start("a removal outside"); ep.ID == "" || ep.ID == first.ID || ep.ID == st.ID {
+		t.Fatalf("Start = %+v after the container was removed, want a new run", ep)
+	}
+}
+
 func readLogs(t *testing.T, b *dockerbackend.Backend, spec backend.Spec) string {
 	t.Helper()
 	rc, err := b.Logs(t.Context(), spec, false, 30)

@@ -283,6 +283,43 @@ func TestIntegrationContainerRemovedOutsideIsRecreated(t *testing.T) {
 	})
 }
 
+// TestIntegrationRestartedOutsideWhilePaused: pgwake wakes a project it
+// paused by unpausing that container without inspecting it first. If the
+// server was restarted and paused again outside pgwake in between, that
+// unpause reports the old run; the check of the connection must catch the
+// new one, and the client be served all the same, from the same data.
+func TestIntegrationRestartedOutsideWhilePaused(t *testing.T) {
+	forDocker(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		const name = "refrozen"
+		spec := h.addProject(name, backend.SleepPause, time.Hour)
+		ctx := t.Context()
+		h.seed(spec, "create table keep(v text); insert into keep values ('survives')")
+		h.waitFor(name, "the seed's connection gone", time.Minute, func(st proxy.Status) bool { return st.Active == 0 })
+		if err := h.srv.Sleep(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		before, err := h.be.Status(ctx, spec)
+		if err != nil || before.State != backend.StatePaused {
+			t.Fatalf("runtime status %+v, %v; want paused", before, err)
+		}
+		c := containerName(h, name)
+		dockerCLI(t, "unpause", c)
+		dockerCLI(t, "restart", "-t", "10", c)
+		dockerCLI(t, "pause", c)
+
+		conn := h.connect(ctx, spec)
+		wantRow(t, conn, "survives", "select v from keep")
+		after, err := h.be.Status(ctx, spec)
+		if err != nil || after.State != backend.StateRunning || after.ID == before.ID {
+			t.Fatalf("runtime status %+v, %v; want running, a new run (was %q)", after, err, before.ID)
+		}
+		if st := h.status(name); st.State != proxy.StateRunning {
+			t.Fatalf("project %+v, want running", st)
+		}
+	})
+}
+
 func TestIntegrationStoppedOutsideIsWokenAgain(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, k kit) {
 		h := newHarness(t, k, harnessOptions{})
