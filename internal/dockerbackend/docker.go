@@ -582,9 +582,10 @@ func (b *Backend) ensureImage(ctx context.Context, ref string) (client.ImageInsp
 // Start implements backend.Backend: it unpauses or starts the container,
 // creating it first when missing or drifted from spec. It returns once
 // Docker reports the container running; Postgres may still be booting.
-// The common paths cost one inspect plus the start or unpause itself (and
-// the inspect after a start that reads the new address and run ID), since
-// every millisecond here is on a waiting client's clock.
+// The common paths cost one inspect plus the start itself (and the inspect
+// after it that reads the new address and run ID), and a wake from a pause
+// this backend made only the unpause (frozenRuns), since every millisecond
+// here is on a waiting client's clock.
 //
 // A container that is no longer running when inspected after the start
 // (its entrypoint failed at once) is an error carrying its exit reason and
