@@ -377,7 +377,19 @@ func TestIntegrationUnpauseAfterChangesOutside(t *testing.T) {
 	for _, op := range []func() error{
 		func() error { _, err := cli.ContainerUnpause(ctx, name, client.ContainerUnpauseOptions{}); return err },
 		func() error { _, err := cli.ContainerRestart(ctx, name, client.ContainerRestartOptions{}); return err },
-		func() error { _, err := cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); return err },
+		func() error {
+			// runc gives up freezing processes that keep changing state
+			// (a server booting on a loaded machine); Sleep retries
+			// this too.
+			waitServing(t, cli, name)
+			var err error
+			for range 5 {
+				if _, err = cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+					break
+				}
+			}
+			return err
+		},
 	} {
 		if err := op(); err != nil {
 			t.Fatal(err)
