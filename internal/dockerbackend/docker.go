@@ -127,12 +127,6 @@ func (f *frozenRuns) forget(id string) {
 	}
 }
 
-func (f *frozenRuns) clear() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	clear(f.runs)
-}
-
 var (
 	_ backend.Backend     = (*Backend)(nil)
 	_ backend.Logger      = (*Backend)(nil)
@@ -841,7 +835,6 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 		}
 		return nil
 	}
-	b.frozen.take(name)
 	if err := b.stop(ctx, c.ID, paused); err != nil {
 		return fmt.Errorf("container %q: %w", name, err)
 	}
@@ -852,7 +845,6 @@ func (b *Backend) Sleep(ctx context.Context, spec backend.Spec, mode backend.Sle
 // Sent with kill, not stop: engines before API 1.42 ignore stop's signal.
 func (b *Backend) Kill(ctx context.Context, spec backend.Spec) (err error) {
 	defer markUnavailable(&err)
-	b.frozen.take(b.ContainerName(spec.Name))
 	c, err := b.inspect(ctx, spec)
 	if err != nil || c == nil || c.State == nil || !c.State.Running {
 		return err
@@ -1012,7 +1004,6 @@ func publishedAddr(c container.InspectResponse) string {
 // with volumes it is simply killed.
 func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) (err error) {
 	defer markUnavailable(&err)
-	b.frozen.take(b.ContainerName(spec.Name))
 	if _, err := b.inspect(ctx, spec); err != nil {
 		return err
 	}
@@ -1037,7 +1028,6 @@ func (b *Backend) Remove(ctx context.Context, spec backend.Spec, volumes bool) (
 // fast first when their data stays.
 func (b *Backend) RemoveAll(ctx context.Context, volumes bool) (err error) {
 	defer markUnavailable(&err)
-	b.frozen.clear()
 	return b.removeLabelled(ctx, b.instanceFilter(), volumes)
 }
 
