@@ -31,8 +31,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -100,7 +98,6 @@ func adoptIndexFunc(obj any) ([]string, error) {
 // carry pgwake's labels), and CloudNativePG Clusters once the CRD exists.
 type adoption struct {
 	sleepAfter time.Duration
-	factory    informers.SharedInformerFactory
 	sets       cache.SharedIndexInformer
 	deploys    cache.SharedIndexInformer
 	setL       appslisters.StatefulSetNamespaceLister
@@ -150,51 +147,52 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 			return nil
 		}
 	}
-	a.factory = informers.NewSharedInformerFactoryWithOptions(b.cs, 0, informers.WithNamespace(b.ns))
-	sets, deploys := a.factory.Apps().V1().StatefulSets(), a.factory.Apps().V1().Deployments()
-	pods, svcs := a.factory.Core().V1().Pods(), a.factory.Core().V1().Services()
-	a.sets, a.deploys = sets.Informer(), deploys.Informer()
-	a.setL, a.deployL = sets.Lister().StatefulSets(b.ns), deploys.Lister().Deployments(b.ns)
-	a.pods, a.services = pods.Lister().Pods(b.ns), svcs.Lister().Services(b.ns)
+	set := &informerSet{}
+	a.sets = set.add("statefulsets", newInformer(b.cs.AppsV1().StatefulSets(b.ns), &appsv1.StatefulSet{}, nil))
+	a.deploys = set.add("deployments", newInformer(b.cs.AppsV1().Deployments(b.ns), &appsv1.Deployment{}, nil))
+	pods := set.add("pods", newInformer(b.cs.CoreV1().Pods(b.ns), &corev1.Pod{}, nil))
+	svcs := set.add("services", newInformer(b.cs.CoreV1().Services(b.ns), &corev1.Service{}, nil))
+	a.setL = appslisters.NewStatefulSetLister(a.sets.GetIndexer()).StatefulSets(b.ns)
+	a.deployL = appslisters.NewDeploymentLister(a.deploys.GetIndexer()).Deployments(b.ns)
+	a.pods = corelisters.NewPodLister(pods.GetIndexer()).Pods(b.ns)
+	a.services = corelisters.NewServiceLister(svcs.GetIndexer()).Services(b.ns)
 	for _, inf := range []cache.SharedIndexInformer{a.sets, a.deploys} {
 		if err := inf.AddIndexers(cache.Indexers{adoptIndex: adoptIndexFunc}); err != nil {
 			return err
 		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{a.sets, a.deploys, pods.Informer(), svcs.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{a.sets, a.deploys, pods, svcs} {
 		if _, err := inf.AddEventHandler(b.adoptHandler()); err != nil {
 			return err
 		}
 	}
 	b.adopt = a // before the handlers run
-	stop, err := startFactory(ctx, a.factory)
+	stop, err := startInformers(ctx, set)
 	if err != nil {
 		return err
 	}
 	ictx, stopRecheck := context.WithCancel(context.Background())
 	a.stop = func() { stopRecheck(); stop() }
-	if b.cfg != nil {
-		dyn, err := dynamic.NewForConfig(b.cfg)
-		if err != nil {
-			return fmt.Errorf("kubernetes dynamic client: %w", err)
-		}
-		a.dyn = dyn
-		if !b.watchClusters(ctx, ictx) {
-			go func() {
-				t := time.NewTicker(crdRecheck)
-				defer t.Stop()
-				for {
-					select {
-					case <-ictx.Done():
+	dyn, err := dynamic.NewForConfig(b.cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	a.dyn = dyn
+	if !b.watchClusters(ctx, ictx) {
+		go func() {
+			t := time.NewTicker(crdRecheck)
+			defer t.Stop()
+			for {
+				select {
+				case <-ictx.Done():
+					return
+				case <-t.C:
+					if b.watchClusters(ictx, ictx) {
 						return
-					case <-t.C:
-						if b.watchClusters(ictx, ictx) {
-							return
-						}
 					}
 				}
-			}()
-		}
+			}
+		}()
 	}
 	return nil
 }
@@ -204,7 +202,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 // The informer runs until life ends (Close).
 func (b *Backend) watchClusters(ctx, life context.Context) bool {
 	a := b.adopt
-	res, err := b.cs.Discovery().ServerResourcesForGroupVersion(clusterGVR.GroupVersion().String())
+	res, err := b.cs.serverResources(ctx, clusterGVR.GroupVersion())
 	if err != nil {
 		return false // not installed (NotFound), or discovery failed: later
 	}
@@ -224,8 +222,8 @@ func (b *Backend) watchClusters(ctx, life context.Context) bool {
 		}
 		return false
 	}
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(a.dyn, 0, b.ns, nil)
-	inf := f.ForResource(clusterGVR).Informer()
+	set := &informerSet{}
+	inf := set.add("clusters", newInformer(a.dyn.Resource(clusterGVR).Namespace(b.ns), &unstructured.Unstructured{}, nil))
 	if err := inf.AddIndexers(cache.Indexers{adoptIndex: adoptIndexFunc}); err != nil {
 		return true
 	}
@@ -235,7 +233,7 @@ func (b *Backend) watchClusters(ctx, life context.Context) bool {
 	if life.Err() != nil {
 		return true // closed meanwhile
 	}
-	f.Start(life.Done())
+	set.start(life)
 	wctx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelWait()
 	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {

@@ -48,7 +48,7 @@ func adoptBackend(t *testing.T, env *kubeenv.Env, ns, dial string) *k8sbackend.B
 		level = slog.LevelDebug
 	}
 	be, err := k8sbackend.New(t.Context(), k8sbackend.Options{
-		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: dial, Instance: "test",
+		Config: env.RESTConfig, Namespace: ns, Dial: dial, Instance: "test",
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		Adopt:  true, AdoptSleepAfter: 7 * time.Minute,
 	})

@@ -49,7 +49,7 @@ func BenchmarkIntegrationKubernetesWake(b *testing.B) {
 		level = slog.LevelDebug
 	}
 	be, err := k8sbackend.New(b.Context(), k8sbackend.Options{
-		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: k8sbackend.DialPortForward,
+		Config: env.RESTConfig, Namespace: ns, Dial: k8sbackend.DialPortForward,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		Trace: func(_, step string, took time.Duration) {
 			mu.Lock()

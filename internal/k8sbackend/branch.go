@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/remotecommand"
 	watchtools "k8s.io/client-go/tools/watch"
@@ -731,7 +730,7 @@ func (b *Backend) exec(ctx context.Context, pod, container string, cmd []string,
 	req := b.cs.CoreV1().RESTClient().Post().Namespace(b.ns).Resource("pods").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: container, Command: cmd, Stdin: stdin != nil, Stdout: true, Stderr: true,
-		}, scheme.ParameterCodec)
+		}, parameterCodec)
 	spdy, err := remotecommand.NewSPDYExecutor(b.cfg, http.MethodPost, req.URL())
 	if err != nil {
 		return fmt.Errorf("exec in pod %s: %w", pod, err)

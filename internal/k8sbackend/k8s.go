@@ -17,6 +17,10 @@
 // PVC mounted read-only, or a base backup exec-ed in the running server's
 // Pod and piped through pgwake. Snapshots are PVCs with the project's
 // labels.
+//
+// The API calls go through client.go's small clientset of the four API
+// groups pgwake uses, not client-go's generated one, whose scheme would
+// register every API group at the start of every pgwake process.
 package k8sbackend
 
 import (
@@ -36,8 +40,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
@@ -134,15 +136,14 @@ type Options struct {
 	// debug level too.
 	Trace func(project, step string, took time.Duration)
 
-	// Config and Client replace the kubeconfig loading (tests inject a
-	// client for their API server). Namespace must be set with them.
+	// Config replaces the kubeconfig loading (tests pass their API
+	// server's). Namespace must be set with it.
 	Config *rest.Config
-	Client kubernetes.Interface
 }
 
 // Backend implements backend.Backend with StatefulSets.
 type Backend struct {
-	cs        kubernetes.Interface
+	cs        *clientset
 	cfg       *rest.Config
 	ns        string
 	dial      string
@@ -153,7 +154,6 @@ type Backend struct {
 	instance  string
 	log       *slog.Logger
 	trace     func(project, step string, took time.Duration)
-	factory   informers.SharedInformerFactory
 	sets      appslisters.StatefulSetNamespaceLister
 	pods      corelisters.PodNamespaceLister
 	secrets   corelisters.SecretNamespaceLister
@@ -200,11 +200,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{
-		cs: opts.Client, cfg: opts.Config, ns: opts.Namespace, class: opts.StorageClass,
+		cfg: opts.Config, ns: opts.Namespace, class: opts.StorageClass,
 		instance: opts.Instance, log: log, forwards: map[string]*forward{}, changed: newBroadcast(), trace: opts.Trace,
 	}
 	inCluster := false
-	if b.cs == nil {
+	if b.cfg == nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		rules.ExplicitPath = opts.Kubeconfig
 		overrides := &clientcmd.ConfigOverrides{CurrentContext: opts.Context}
@@ -229,16 +229,16 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		// Lease's renewal must not queue behind a burst of list calls.
 		cfg.QPS, cfg.Burst = 50, 100
 		b.cfg = cfg
-		if b.cs, err = kubernetes.NewForConfig(cfg); err != nil {
-			return nil, fmt.Errorf("kubernetes client: %w", err)
-		}
 	}
+	cs, err := newClientset(b.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	b.cs = cs
 	if b.ns == "" {
 		b.ns = metav1.NamespaceDefault
 	}
-	if b.cfg != nil {
-		b.server = b.cfg.Host
-	}
+	b.server = b.cfg.Host
 	size := opts.StorageSize
 	if size == "" {
 		size = "1Gi"
@@ -261,9 +261,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 	default:
 		return nil, fmt.Errorf("dial %q is not auto, pod-ip or port-forward", opts.Dial)
-	}
-	if b.dial == DialPortForward && b.cfg == nil {
-		return nil, errors.New("port-forward needs the REST config (Options.Config)")
 	}
 
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -333,13 +330,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 // StatefulSets, Pods and Secrets and waits for their first list.
 func (b *Backend) startInformers(ctx context.Context) error {
 	sel := LabelManaged + "=true"
-	b.factory = informers.NewSharedInformerFactoryWithOptions(b.cs, 0,
-		informers.WithNamespace(b.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	sets := b.factory.Apps().V1().StatefulSets()
-	pods := b.factory.Core().V1().Pods()
-	secrets := b.factory.Core().V1().Secrets()
-	b.sets, b.pods, b.secrets = sets.Lister().StatefulSets(b.ns), pods.Lister().Pods(b.ns), secrets.Lister().Secrets(b.ns)
+	mine := func(o *metav1.ListOptions) { o.LabelSelector = sel }
+	set := &informerSet{}
+	sets := set.add("statefulsets", newInformer(b.cs.AppsV1().StatefulSets(b.ns), &appsv1.StatefulSet{}, mine))
+	pods := set.add("pods", newInformer(b.cs.CoreV1().Pods(b.ns), &corev1.Pod{}, mine))
+	secrets := set.add("secrets", newInformer(b.cs.CoreV1().Secrets(b.ns), &corev1.Secret{}, mine))
+	b.sets = appslisters.NewStatefulSetLister(sets.GetIndexer()).StatefulSets(b.ns)
+	b.pods = corelisters.NewPodLister(pods.GetIndexer()).Pods(b.ns)
+	b.secrets = corelisters.NewSecretLister(secrets.GetIndexer()).Secrets(b.ns)
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { b.objectChanged(obj) },
 		UpdateFunc: func(_, obj any) { b.objectChanged(obj) },
@@ -350,29 +348,27 @@ func (b *Backend) startInformers(ctx context.Context) error {
 			b.objectChanged(obj)
 		},
 	}
-	for _, inf := range []cache.SharedIndexInformer{sets.Informer(), pods.Informer(), secrets.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{sets, pods, secrets} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return err
 		}
 	}
-	stop, err := startFactory(ctx, b.factory)
+	stop, err := startInformers(ctx, set)
 	b.stopInfo = stop
 	return err
 }
 
-// startFactory starts a factory's informers and waits up to 30 s for
+// startInformers starts a set of informers and waits up to 30 s for
 // their first list; stop ends them. On an error they are ended already.
-func startFactory(ctx context.Context, f informers.SharedInformerFactory) (stop func(), err error) {
+func startInformers(ctx context.Context, set *informerSet) (stop func(), err error) {
 	ictx, cancel := context.WithCancel(context.Background())
-	stop = func() { cancel(); f.Shutdown() }
-	f.Start(ictx.Done())
+	stop = func() { cancel(); set.wait() }
+	set.start(ictx)
 	wctx, cancelWait := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelWait()
-	for typ, ok := range f.WaitForCacheSync(wctx.Done()) {
-		if !ok {
-			stop()
-			return stop, fmt.Errorf("kubernetes: the %v cache did not fill within 30s", typ)
-		}
+	if name := set.waitForCacheSync(wctx); name != "" {
+		stop()
+		return stop, fmt.Errorf("kubernetes: the %s cache did not fill within 30s", name)
 	}
 	return stop, nil
 }
@@ -447,7 +443,7 @@ func (b *Backend) Close() error {
 
 // Check implements backend.Checker: the API server answers.
 func (b *Backend) Check(ctx context.Context) error {
-	if _, err := b.cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+	if _, err := b.cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
 		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 			// Answers, but not to us: report it as what it is.
 			return b.apiErr(err, "check the API server")

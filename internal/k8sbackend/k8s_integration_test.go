@@ -64,7 +64,7 @@ func newBackend(t *testing.T, env *kubeenv.Env, ns, dial string) *k8sbackend.Bac
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	be, err := k8sbackend.New(t.Context(), k8sbackend.Options{
-		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: dial, Instance: "test", Logger: log,
+		Config: env.RESTConfig, Namespace: ns, Dial: dial, Instance: "test", Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)

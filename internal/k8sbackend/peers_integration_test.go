@@ -49,7 +49,7 @@ func waitLease(t *testing.T, env *kubeenv.Env, ns, name string, ok func(map[stri
 func peerBackend(t *testing.T, env *kubeenv.Env, ns, peer string, lease time.Duration) *k8sbackend.Backend {
 	t.Helper()
 	be, err := k8sbackend.New(t.Context(), k8sbackend.Options{
-		Client: env.Client, Config: env.RESTConfig, Namespace: ns, Dial: k8sbackend.DialPortForward,
+		Config: env.RESTConfig, Namespace: ns, Dial: k8sbackend.DialPortForward,
 		Instance: "test", Peer: peer, LeaseDuration: lease,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
