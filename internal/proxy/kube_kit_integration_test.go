@@ -57,7 +57,7 @@ func (k *kubeKit) newBackend(t testing.TB, instance string, log *slog.Logger) ba
 	k.nss[instance] = ns
 	k.mu.Unlock()
 	be, err := k8sbackend.New(t.Context(), k8sbackend.Options{
-		Client: env.Client, Config: env.RESTConfig, Namespace: ns,
+		Config: env.RESTConfig, Namespace: ns,
 		Dial: k8sbackend.DialPortForward, Instance: instance, Logger: log,
 	})
 	if err != nil {
