@@ -508,7 +508,7 @@ report="$work/results.md"
 	echo "|---:|---:|---:|---:|:--|:--|"
 	echo "| $(fmt1 "$(awk -v k="$rss_start" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')") MiB | $(fmt1 "$(awk -v k="$rss_conns" 'BEGIN{print k/1024}')") MiB | $per_conn KiB | idle < 30 MiB, < 40 KiB/conn | $(pass "$(awk -v k="$rss_before" 'BEGIN{print k/1024}')" "<" 30) / $(pass "$per_conn" "<" 40) |"
 	echo
-	echo "VmRSS includes the pages of pgwake's own binary ($(fmt1 "$(awk -v b="$(stat -c %s "$PGWAKE")" 'BEGIN{print b/1048576}')") MiB; it grew from 20 MiB with the Kubernetes backend, client-go and the API types it links) that the kernel mapped in; they are page cache, shared by every pgwake process and dropped under memory pressure. RssAnon, what the daemon itself allocated: $(fmt1 "$(awk -v k="$anon_start" 'BEGIN{print k/1024}')") MiB at start, $(fmt1 "$(awk -v k="$anon_before" 'BEGIN{print k/1024}')") MiB idle after the runs."
+	echo "VmRSS includes the pages of pgwake's own binary ($(fmt1 "$(awk -v b="$(stat -c %s "$PGWAKE")" 'BEGIN{print b/1048576}')") MiB) that the kernel mapped in; they are page cache, shared by every pgwake process and dropped under memory pressure. RssAnon, what the daemon itself allocated: $(fmt1 "$(awk -v k="$anon_start" 'BEGIN{print k/1024}')") MiB at start, $(fmt1 "$(awk -v k="$anon_before" 'BEGIN{print k/1024}')") MiB idle after the runs."
 	echo
 	echo "Per connection = (RSS with $NCONNS connections - RSS idle just before) / $NCONNS. With them open pgwake held $fds file descriptors and $threads OS threads; opening them took ${open_secs}s."
 	echo
