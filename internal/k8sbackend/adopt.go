@@ -107,10 +107,13 @@ type adoption struct {
 	dyn        dynamic.Interface
 	stop       context.CancelFunc
 
-	mu       sync.Mutex
-	clusters cache.SharedIndexInformer // nil until the CRD is served
-	secrets  map[string]cachedSecret
-	warned   map[string]bool
+	recheck sync.WaitGroup // the look for the CRD, until it is served
+
+	mu          sync.Mutex
+	clusters    cache.SharedIndexInformer // nil until the CRD is served
+	clusterInfs *informerSet              // runs clusters
+	secrets     map[string]cachedSecret
+	warned      map[string]bool
 }
 
 type cachedSecret struct {
@@ -179,7 +182,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 	}
 	a.dyn = dyn
 	if !b.watchClusters(ctx, ictx) {
-		go func() {
+		a.recheck.Go(func() {
 			t := time.NewTicker(crdRecheck)
 			defer t.Stop()
 			for {
@@ -192,7 +195,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 					}
 				}
 			}
-		}()
+		})
 	}
 	return nil
 }
@@ -240,7 +243,7 @@ func (b *Backend) watchClusters(ctx, life context.Context) bool {
 		b.log.Warn("the CloudNativePG Cluster cache did not fill within 30s; Clusters appear once it does")
 	}
 	a.mu.Lock()
-	a.clusters = inf
+	a.clusters, a.clusterInfs = inf, set
 	a.mu.Unlock()
 	b.log.Info("adopting CloudNativePG Clusters annotated " + AnnotationAdopt)
 	return true
@@ -252,11 +255,19 @@ func (a *adoption) clusterInformer() cache.SharedIndexInformer {
 	return a.clusters
 }
 
+// stopAll ends adoption's informers and waits until they have stopped.
 func (a *adoption) stopAll() {
 	a.mu.Lock()
 	stop := a.stop
 	a.mu.Unlock()
 	stop()
+	a.recheck.Wait() // no Cluster informer starts after this
+	a.mu.Lock()
+	infs := a.clusterInfs
+	a.mu.Unlock()
+	if infs != nil {
+		infs.wait()
+	}
 }
 
 // adoptHandler tells waiters and watchers of the project an object

@@ -13,6 +13,7 @@ package k8sbackend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sync"
 
@@ -29,6 +30,7 @@ import (
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 var (
@@ -59,6 +61,14 @@ func newClientset(cfg *rest.Config) (*clientset, error) {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	// One rate limit for all groups, as the clientset has: cfg.QPS and
+	// Burst bound pgwake's calls, not each group's.
+	if cfg.RateLimiter == nil && cfg.QPS > 0 {
+		if cfg.Burst <= 0 {
+			return nil, errors.New("kubernetes client: a QPS limit needs a burst above 0")
+		}
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
 	}
 	// One transport for all groups, as the clientset shares one.
 	hc, err := rest.HTTPClientFor(cfg)
@@ -96,7 +106,8 @@ func (c *clientset) CoordinationV1() *coordinationV1 { return c.coord }
 // resources the API server serves in gv (an error matching
 // apierrors.IsNotFound when it serves none).
 func (c *clientset) serverResources(ctx context.Context, gv schema.GroupVersion) (*metav1.APIResourceList, error) {
-	raw, err := c.core.rest.Get().AbsPath("/apis", gv.Group, gv.Version).DoRaw(ctx)
+	// JSON asked for by name: a config preferring protobuf would get that.
+	raw, err := c.core.rest.Get().AbsPath("/apis", gv.Group, gv.Version).SetHeader("Accept", "application/json").DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +135,8 @@ type coreV1 struct{ rest *rest.RESTClient }
 func (c *coreV1) RESTClient() rest.Interface { return c.rest }
 
 func (c *coreV1) Namespaces() *gentype.Client[*corev1.Namespace] {
-	return gentype.NewClient("namespaces", c.rest, parameterCodec, "", func() *corev1.Namespace { return &corev1.Namespace{} })
+	return gentype.NewClient("namespaces", c.rest, parameterCodec, "", func() *corev1.Namespace { return &corev1.Namespace{} },
+		gentype.PrefersProtobuf[*corev1.Namespace]())
 }
 
 func (c *coreV1) Pods(ns string) pods {
