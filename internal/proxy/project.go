@@ -699,8 +699,9 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target, ph
 	start := time.Now()
 	lastCheck := e.now()
 	accepted := false
+	timeout := probeTimeout
 	for {
-		at, retry, err := e.up.probe(ctx, t.addr, packet)
+		at, retry, err := e.up.probe(ctx, t.addr, packet, timeout)
 		// A probe the server's process answered (57P03 or a reply)
 		// ends the process start: the rest is Postgres's own start-up.
 		if !accepted && !at.IsZero() {
@@ -716,6 +717,9 @@ func (p *project) waitReady(ctx context.Context, spec backend.Spec, t target, ph
 		}
 		if !retry && ctx.Err() == nil && !isTimeout(err) {
 			return err
+		}
+		if isTimeout(err) && ctx.Err() == nil {
+			timeout = min(2*timeout, maxProbeTimeout)
 		}
 		lastErr = keepReason(lastErr, err)
 		check := false

@@ -28,7 +28,8 @@ type scriptedUpstream struct {
 	mu       sync.Mutex
 	script   []string // "57P03", "eof" or "ok"
 	attempts int
-	version  string // server_version it reports: which server a client reached
+	version  string        // server_version it reports: which server a client reached
+	delay    time.Duration // before each reply: a slow path to the server
 	wg       sync.WaitGroup
 }
 
@@ -58,7 +59,7 @@ func (u *scriptedUpstream) serve() {
 			step = u.script[u.attempts]
 		}
 		u.attempts++
-		version := u.version
+		version, delay := u.version, u.delay
 		u.mu.Unlock()
 		u.wg.Add(1)
 		go func() {
@@ -68,6 +69,7 @@ func (u *scriptedUpstream) serve() {
 			if _, err := be.ReceiveStartupMessage(); err != nil {
 				return
 			}
+			time.Sleep(delay) // the slow path itself, not a synchronisation
 			switch step {
 			case "eof":
 				return
@@ -102,6 +104,14 @@ func (u *scriptedUpstream) named(version string) *scriptedUpstream {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.version = version
+	return u
+}
+
+// slow makes every reply come d after the startup packet.
+func (u *scriptedUpstream) slow(d time.Duration) *scriptedUpstream {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.delay = d
 	return u
 }
 
@@ -166,6 +176,24 @@ func TestRetriesStartingUpAndEarlyEOF(t *testing.T) {
 	}
 	if n := u.count(); n != 7 {
 		t.Fatalf("upstream saw %d connections, want 7 (3 probe + 4 client)", n)
+	}
+}
+
+// TestSlowPathStillWakes: a server that answers every readiness probe
+// later than the first probe's bound (as through a port-forward on a busy
+// API server) is seen to serve, because each timed-out probe doubles the
+// bound. With a fixed bound every probe timed out until the wake failed.
+func TestSlowPathStillWakes(t *testing.T) {
+	t.Parallel()
+	u := newScriptedUpstream(t).slow(2500 * time.Millisecond)
+	srv, addr := serveScripted(t, u, proxy.Options{WakeTimeout: 40 * time.Second, BackoffBase: time.Hour})
+	conn, err := pgconn.Connect(t.Context(), "postgres://u@"+addr+"/app?sslmode=disable")
+	if err != nil {
+		t.Fatalf("client saw %v; the wake should have waited for the slow server", err)
+	}
+	defer conn.Close(context.Background())
+	if st, _ := srv.ProjectStatus("app"); st.State != proxy.StateRunning || st.WakeFails != 0 {
+		t.Fatalf("state %s, wake failures %d; want running and none", st.State, st.WakeFails)
 	}
 }
 

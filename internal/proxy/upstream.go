@@ -104,10 +104,10 @@ func (u *upstream) exchange(ctx context.Context, c net.Conn, addr string, packet
 // authentication error) proves it serves. It reads the rest of the reply
 // before closing, since closing with unread input resets the connection
 // and Postgres logs that.
-func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (accepted time.Time, retry bool, err error) {
+func (u *upstream) probe(ctx context.Context, addr string, packet []byte, timeout time.Duration) (accepted time.Time, retry bool, err error) {
 	// One attempt is bounded on its own: something that accepts and never
 	// answers must not hold the wake's checks up until its deadline.
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := u.dial(ctx, addr)
 	if err != nil {
@@ -135,8 +135,15 @@ func (u *upstream) probe(ctx context.Context, addr string, packet []byte) (accep
 // not serve yet.
 var errStartingUp = errors.New("server not ready")
 
-// probeTimeout bounds one readiness probe; a timed-out probe is retried.
-const probeTimeout = 2 * time.Second
+// probeTimeout bounds the first readiness probe of a wake; a timed-out
+// probe is retried with twice the bound, up to maxProbeTimeout. A path
+// that is slow rather than dead (a port-forward through a busy API server
+// can take seconds to answer) then still sees the server serve, where a
+// fixed bound timed every probe out until the wake failed.
+const (
+	probeTimeout    = 2 * time.Second
+	maxProbeTimeout = 16 * time.Second
+)
 
 // probePacket is the startup packet of the readiness probe: the project's
 // own user and database, and an application_name that shows in the
