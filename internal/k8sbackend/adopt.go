@@ -176,7 +176,7 @@ func (b *Backend) startAdoption(ctx context.Context, sleepAfter time.Duration) e
 	}
 	ictx, stopRecheck := context.WithCancel(context.Background())
 	a.stop = func() { stopRecheck(); stop() }
-	dyn, err := dynamic.NewForConfig(b.cfg)
+	dyn, err := b.cs.dynamic()
 	if err != nil {
 		return fmt.Errorf("kubernetes dynamic client: %w", err)
 	}

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -52,6 +53,8 @@ func init() {
 
 // clientset is the subset of kubernetes.Clientset the backend calls.
 type clientset struct {
+	cfg   *rest.Config // with the shared rate limiter
+	hc    *http.Client // the shared transport
 	core  *coreV1
 	apps  *appsV1
 	coord *coordinationV1
@@ -87,7 +90,13 @@ func newClientset(cfg *rest.Config) (*clientset, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &clientset{core: &coreV1{core}, apps: &appsV1{apps}, coord: &coordinationV1{coord}}, nil
+	return &clientset{cfg: cfg, hc: hc, core: &coreV1{core}, apps: &appsV1{apps}, coord: &coordinationV1{coord}}, nil
+}
+
+// dynamic is a client of any resource (CloudNativePG's Clusters) on the
+// groups' transport and under their rate limit.
+func (c *clientset) dynamic() (*dynamic.DynamicClient, error) {
+	return dynamic.NewForConfigAndClient(c.cfg, c.hc)
 }
 
 func restClientFor(cfg *rest.Config, hc *http.Client, gv schema.GroupVersion, apiPath string) (*rest.RESTClient, error) {
