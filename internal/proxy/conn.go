@@ -99,7 +99,17 @@ func (c *clientConn) serve(ctx context.Context) {
 			"sorry, too many clients already (pgwake max_connections)", "")
 		return
 	}
-	defer s.total.Add(-1)
+	// The server-wide slot is given back before the project's, whose
+	// release is announced (OnChange): whoever sees the project's count
+	// drop must find the server's dropped too.
+	totalHeld := true
+	releaseTotal := func() {
+		if totalHeld {
+			totalHeld = false
+			s.total.Add(-1)
+		}
+	}
+	defer releaseTotal()
 
 	// Authentication comes before the project's slot and any wake: a
 	// client that cannot log in costs the project nothing.
@@ -157,7 +167,10 @@ func (c *clientConn) serve(ctx context.Context) {
 			fmt.Sprintf("sorry, too many clients already for project %q (pgwake max_project_connections)", name), "")
 		return
 	}
-	defer p.release()
+	defer func() {
+		releaseTotal()
+		p.release()
+	}()
 
 	packet, err := pgwire.EncodeStartup(startup)
 	if err != nil {
