@@ -382,13 +382,7 @@ func TestIntegrationUnpauseAfterChangesOutside(t *testing.T) {
 			// (a server booting on a loaded machine); Sleep retries
 			// this too.
 			waitServing(t, cli, name)
-			var err error
-			for range 5 {
-				if _, err = cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
-					break
-				}
-			}
-			return err
+			return testenv.PauseOutside(ctx, cli, name)
 		},
 	} {
 		if err := op(); err != nil {

@@ -345,3 +345,22 @@ func runsIn(pid int, dir string) bool {
 	got, err := os.Stat(fmt.Sprintf("/proc/%d/cwd", pid))
 	return err == nil && os.SameFile(got, want)
 }
+
+// PauseOutside pauses a container as someone outside pgwake would, trying
+// again while runc gives up freezing processes that keep changing state
+// (a server booting on a loaded machine: "OCI runtime pause failed: unable
+// to freeze"), as a user would and as pgwake's own pause does.
+func PauseOutside(ctx context.Context, cli *client.Client, name string) error {
+	var err error
+	for attempt, delay := 0, 50*time.Millisecond; attempt < 8; attempt, delay = attempt+1, delay*2 {
+		if _, err = cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
+	return err
+}
