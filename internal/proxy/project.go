@@ -128,8 +128,9 @@ type project struct {
 	cfg        Project
 	state      State
 	target     target
-	active     int // connections holding a slot: parked or piping
-	queued     int // of those, parked waiting for a wake or a sleep to end
+	active     int           // connections holding a slot: parked or piping
+	queued     int           // of those, parked waiting for a wake or a sleep to end
+	idle       chan struct{} // closed when active drops to 0; made by waitIdle
 	wake       *wakeCall
 	stopDone   chan struct{} // closed when an in-flight sleep ends
 	heldFor    string        // while StateHeld: why (a branch, a reset)
@@ -357,6 +358,10 @@ func (p *project) release() {
 	p.mu.Lock()
 	p.active--
 	p.lastActive = p.env.now()
+	if p.active == 0 && p.idle != nil {
+		close(p.idle)
+		p.idle = nil
+	}
 	p.mu.Unlock()
 	p.notify()
 }
@@ -1184,9 +1189,44 @@ func (p *project) sleepLocked(mode backend.SleepMode) error {
 	return err
 }
 
+// idleGrace is how long an explicit sleep, or a hold that stops the
+// server, waits for the project's connections to end before it refuses. A
+// client that has just disconnected is counted until its relay has read
+// its Terminate and end of stream, which on a loaded machine can come
+// after the client process itself has exited (`psql -c ...; pgwake sleep
+// app` was refused so).
+const idleGrace = 2 * time.Second
+
+// waitIdle waits until no connection holds a slot, for at most idleGrace.
+// Called without p.mu.
+func (p *project) waitIdle(ctx context.Context) {
+	t := time.NewTimer(idleGrace)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		if p.active == 0 {
+			p.mu.Unlock()
+			return
+		}
+		if p.idle == nil {
+			p.idle = make(chan struct{})
+		}
+		ch := p.idle
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // sleepNow puts a running project to sleep unless clients are connected,
 // first letting a wake or sleep in flight finish.
 func (p *project) sleepNow(ctx context.Context) error {
+	graced := false
 	for {
 		p.mu.Lock()
 		switch {
@@ -1196,7 +1236,12 @@ func (p *project) sleepNow(ctx context.Context) error {
 		case p.state == StateRunning && p.active > 0:
 			n := p.active
 			p.mu.Unlock()
-			return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
+			if graced {
+				return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
+			}
+			graced = true
+			p.waitIdle(ctx)
+			continue
 		case p.state == StateRunning && p.shared != nil:
 			p.mu.Unlock()
 			// A peer's client that just left may not be published yet
@@ -1532,6 +1577,7 @@ var ErrAwake = errors.New("its server is awake")
 // sessions then end with Postgres's own FATAL 57P01.
 func (p *project) holdAsleep(ctx context.Context, how HoldStop, force bool, why string, fn func(context.Context) error) error {
 	stop := how != HoldNoStop
+	graced := false
 	for {
 		p.mu.Lock()
 		switch {
@@ -1559,7 +1605,12 @@ func (p *project) holdAsleep(ctx context.Context, how HoldStop, force bool, why 
 			}
 			if n := p.active; n > 0 && !force {
 				p.mu.Unlock()
-				return &BusyError{Project: p.name, Conns: n}
+				if graced {
+					return &BusyError{Project: p.name, Conns: n}
+				}
+				graced = true
+				p.waitIdle(ctx)
+				continue
 			}
 		}
 		wasRunning := p.state == StateRunning

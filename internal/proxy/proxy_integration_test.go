@@ -267,6 +267,53 @@ func TestIntegrationClientArrivingDuringSleepIsServed(t *testing.T) {
 	})
 }
 
+// TestIntegrationSleepAsTheLastClientLeaves: a sleep or a hold asked for
+// as the last client disconnects (`psql -c ...; pgwake sleep app`) is not
+// refused for a connection pgwake has not yet seen end: pgwake counts it
+// until its relay reads the Terminate, which on a loaded machine came
+// after the next command (the CLI's sleep was refused with "1 open
+// connection(s)"). A client that stays is still refused, after the grace.
+func TestIntegrationSleepAsTheLastClientLeaves(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, k kit) {
+		h := newHarness(t, k, harnessOptions{})
+		spec := h.addProject("leaving", backend.SleepStop, 0)
+		ctx := t.Context()
+		leave := func() {
+			t.Helper()
+			conn := h.connect(ctx, spec)
+			wantRow(t, conn, 1, "select 1")
+			go conn.Close(context.Background())
+		}
+		leave()
+		if err := h.srv.Sleep(ctx, "leaving"); err != nil {
+			t.Fatalf("sleep as the last client leaves: %v", err)
+		}
+		leave()
+		ran := false
+		if err := h.srv.HoldAsleep(ctx, "leaving", proxy.HoldStopDiscard, false, "test hold", func(context.Context) error {
+			ran = true
+			return nil
+		}); err != nil || !ran {
+			t.Fatalf("hold as the last client leaves: ran %v, %v", ran, err)
+		}
+
+		stays := h.connect(ctx, spec)
+		defer stays.Close(context.Background())
+		wantRow(t, stays, 1, "select 1")
+		if err := h.srv.Sleep(ctx, "leaving"); err == nil || !strings.Contains(err.Error(), "1 open connection") {
+			t.Fatalf("sleep with a client connected: %v, want refused", err)
+		}
+		var busy *proxy.BusyError
+		if err := h.srv.HoldAsleep(ctx, "leaving", proxy.HoldStopDiscard, false, "test hold", func(context.Context) error {
+			t.Error("hold ran with a client connected")
+			return nil
+		}); !errors.As(err, &busy) || busy.Conns != 1 {
+			t.Fatalf("hold with a client connected: %v, want BusyError with 1 connection", err)
+		}
+		wantRow(t, stays, 1, "select 1")
+	})
+}
+
 func TestIntegrationContainerRemovedOutsideIsRecreated(t *testing.T) {
 	forDocker(t, func(t *testing.T, k kit) {
 		h := newHarness(t, k, harnessOptions{})
