@@ -1198,15 +1198,15 @@ func (p *project) sleepLocked(mode backend.SleepMode) error {
 const idleGrace = 2 * time.Second
 
 // waitIdle waits until no connection holds a slot, for at most idleGrace.
-// Called without p.mu.
-func (p *project) waitIdle(ctx context.Context) {
+// Called without p.mu; the error is the context's.
+func (p *project) waitIdle(ctx context.Context) error {
 	t := time.NewTimer(idleGrace)
 	defer t.Stop()
 	for {
 		p.mu.Lock()
 		if p.active == 0 {
 			p.mu.Unlock()
-			return
+			return nil
 		}
 		if p.idle == nil {
 			p.idle = make(chan struct{})
@@ -1216,9 +1216,9 @@ func (p *project) waitIdle(ctx context.Context) {
 		select {
 		case <-ch:
 		case <-t.C:
-			return
+			return nil
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		}
 	}
 }
@@ -1240,7 +1240,9 @@ func (p *project) sleepNow(ctx context.Context) error {
 				return fmt.Errorf("project %q has %d open connection(s)", p.name, n)
 			}
 			graced = true
-			p.waitIdle(ctx)
+			if err := p.waitIdle(ctx); err != nil {
+				return err
+			}
 			continue
 		case p.state == StateRunning && p.shared != nil:
 			p.mu.Unlock()
@@ -1609,7 +1611,9 @@ func (p *project) holdAsleep(ctx context.Context, how HoldStop, force bool, why 
 					return &BusyError{Project: p.name, Conns: n}
 				}
 				graced = true
-				p.waitIdle(ctx)
+				if err := p.waitIdle(ctx); err != nil {
+					return err
+				}
 				continue
 			}
 		}

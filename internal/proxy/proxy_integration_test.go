@@ -282,7 +282,14 @@ func TestIntegrationSleepAsTheLastClientLeaves(t *testing.T) {
 			t.Helper()
 			conn := h.connect(ctx, spec)
 			wantRow(t, conn, 1, "select 1")
-			go conn.Close(context.Background())
+			// Closed as the sleep begins; the cleanup h.connect set waits
+			// for it (pgx's Close is not for two goroutines at once).
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				conn.Close(context.Background())
+			}()
+			t.Cleanup(func() { <-done })
 		}
 		leave()
 		if err := h.srv.Sleep(ctx, "leaving"); err != nil {

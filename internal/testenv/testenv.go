@@ -353,7 +353,7 @@ func runsIn(pid int, dir string) bool {
 func PauseOutside(ctx context.Context, cli *client.Client, name string) error {
 	var err error
 	for attempt, delay := 0, 50*time.Millisecond; attempt < 8; attempt, delay = attempt+1, delay*2 {
-		if _, err = cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+		if _, err = cli.ContainerPause(ctx, name, client.ContainerPauseOptions{}); err == nil || !strings.Contains(err.Error(), "unable to freeze") || attempt == 7 {
 			return err
 		}
 		select {
