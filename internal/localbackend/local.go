@@ -52,6 +52,8 @@ type Backend struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per project: initdb and start must not interleave
 	runs  map[string]*child      // per project: the server this Backend last started
+
+	beforeLaunch func(port int) // tests: runs between choosing a port and starting on it
 }
 
 var (
@@ -423,7 +425,15 @@ type pidFile struct {
 	dataDir string // line 2
 	start   string // line 3: when the postmaster started, in Unix seconds
 	port    int    // line 4
+	listen  string // line 6: its first TCP address, written once it holds that socket
 }
+
+// listening reports whether the postmaster holds its TCP port. Postgres
+// writes line 6 only after a bind succeeded; until then the port is
+// anybody's (it was free when Start chose it), and something else that
+// took it meanwhile would answer a connection there: a pgwake proxy's
+// "project does not exist", say, taken for this server serving.
+func (p pidFile) listening() bool { return p.listen != "" }
 
 // id is the run's identity (backend.Status.ID): a pid is reused, a pid
 // together with the second its process started is not.
@@ -454,7 +464,11 @@ func readPidFile(data string) (pidFile, error) {
 	if err1 != nil || err2 != nil || err3 != nil || pid <= 0 || start == "" {
 		return pidFile{}, errPidFile
 	}
-	return pidFile{pid: pid, dataDir: lines[1], start: start, port: port}, nil
+	pf := pidFile{pid: pid, dataDir: lines[1], start: start, port: port}
+	if len(lines) > 5 {
+		pf.listen = strings.TrimSpace(lines[5])
+	}
+	return pf, nil
 }
 
 // startedSince reports whether the postmaster started at t or later (to
@@ -599,8 +613,8 @@ type child struct {
 const exitWait = 5 * time.Second
 
 // pidFileTimeout bounds how long Start waits for a postmaster to write
-// postmaster.pid: it does so early, before it loads libraries, opens its
-// ports or allocates shared memory.
+// postmaster.pid and bind its port: it does both early, before it
+// allocates shared memory or recovers.
 const pidFileTimeout = time.Minute
 
 func (c *child) wait(cmd *exec.Cmd, logf string, from int64) {
@@ -671,6 +685,11 @@ func (b *Backend) Status(ctx context.Context, spec backend.Spec) (backend.Status
 		if c != nil && c.pid == pf.pid {
 			c.ready.Store(true) // also when the Start that launched it gave up waiting
 		}
+		if !pf.listening() {
+			// Booting, or the socket-only server of init scripts: no
+			// address is its own yet (Start returns once it is).
+			return backend.Status{State: backend.StateStopped}, nil
+		}
 		return backend.Status{State: backend.StateRunning, Addr: pf.addr(), ID: pf.id()}, nil
 	}
 	st := backend.Status{State: backend.StateStopped}
@@ -693,10 +712,11 @@ func (b *Backend) WillInitialize(_ context.Context, spec backend.Spec) bool {
 }
 
 // Start implements backend.Backend: it starts the postmaster and returns
-// once the postmaster has written postmaster.pid (which gives the run's ID),
+// once postmaster.pid (which gives the run's ID) says it holds its port,
 // without waiting for it to serve; the proxy's readiness probe does that
-// waiting, at a finer grain. A postmaster that exits before then fails
-// Start with its reason.
+// waiting, at a finer grain, and so must reach this server and no other.
+// A postmaster that exits before then fails Start with its reason, unless
+// another socket took its port first: then it starts on a new one.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoint, error) {
 	defer b.lock(spec.Name)()
 	_, statErr := os.Stat(filepath.Join(b.dataDir(spec.Name), "PG_VERSION"))
@@ -714,29 +734,52 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		return backend.Endpoint{}, err
 	}
 	if pf, pm := b.postmaster(spec.Name); pm == pmLive {
+		// Started before this process (pgwake restarted): it may still be
+		// booting.
+		pf, err := waitListening(ctx, b.dataDir(spec.Name), func(got pidFile) bool { return got.id() == pf.id() }, nil)
+		if err != nil {
+			return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
+		}
 		return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 	}
-	port, err := b.port(spec.Name)
-	if err != nil {
-		return backend.Endpoint{}, err
-	}
-	if b.initPending(spec.Name) {
-		first = true
-		if err := b.runInitLocked(ctx, spec, port); err != nil {
+	for attempt := 1; ; attempt++ {
+		port, err := b.port(spec.Name)
+		if err != nil {
 			return backend.Endpoint{}, err
 		}
-	}
-	c, err := b.launchArgs(spec.Name, append([]string{"-p", strconv.Itoa(port), "-k", b.sockDir(spec.Name)},
-		backend.SettingArgs(spec.Settings)...))
-	if err != nil {
-		return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
-	}
-	pf, err := c.waitPidFile(ctx, b.dataDir(spec.Name))
-	if err != nil {
+		if b.initPending(spec.Name) {
+			first = true
+			if err := b.runInitLocked(ctx, spec, port); err != nil {
+				return backend.Endpoint{}, err
+			}
+		}
+		if b.beforeLaunch != nil {
+			b.beforeLaunch(port)
+		}
+		c, err := b.launchArgs(spec.Name, append([]string{"-p", strconv.Itoa(port), "-k", b.sockDir(spec.Name)},
+			backend.SettingArgs(spec.Settings)...))
+		if err != nil {
+			return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
+		}
+		pf, err := c.waitListening(ctx, b.dataDir(spec.Name))
+		if err == nil {
+			return backend.Endpoint{Addr: pf.addr(), ID: pf.id(), First: first}, nil
+		}
+		// The port was free when chosen, and another socket can take it
+		// before the postmaster binds it (the machine hands the same
+		// range out for every ephemeral port). Postgres then exits; a
+		// fresh port serves the wake instead of failing it.
+		if c.exited() && !portFree(port) && attempt < portAttempts {
+			b.log.Info("the server's port was taken as it started; trying another", "project", spec.Name, "port", port)
+			continue
+		}
 		return backend.Endpoint{}, fmt.Errorf("start project %q: %w (see %s)", spec.Name, err, b.LogFile(spec.Name))
 	}
-	return backend.Endpoint{Addr: pf.addr(), ID: pf.id(), First: first}, nil
 }
+
+// portAttempts bounds how many ports Start tries when each is taken by
+// another socket before the postmaster binds it.
+const portAttempts = 3
 
 // launchArgs starts the project's postmaster with args after -D as a child of this process, in a
 // session of its own (a Ctrl-C meant for pgwake does not reach it), its
@@ -776,30 +819,86 @@ func (b *Backend) launchArgs(project string, args []string) (*child, error) {
 	return c, nil
 }
 
-// waitPidFile waits until the child has written its postmaster.pid, or has
-// exited.
-func (c *child) waitPidFile(ctx context.Context, data string) (pidFile, error) {
+// waitListening waits until the child has written its postmaster.pid and
+// holds its TCP port, or has exited.
+func (c *child) waitListening(ctx context.Context, data string) (pidFile, error) {
+	// A stale file from an earlier server whose pid the child happens to
+	// have is older than the child.
+	ours := func(pf pidFile) bool {
+		if pf.pid != c.pid || !pf.startedSince(c.started) {
+			return false
+		}
+		c.ready.Store(true)
+		return true
+	}
+	pf, err := waitListening(ctx, data, ours, c.done)
+	if err == nil {
+		return pf, nil
+	}
+	if errors.Is(err, errExited) {
+		// It removed its file on the way out: its exit status and log
+		// are moments away.
+		t := time.NewTimer(exitWait)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+		}
+	}
+	select {
+	case <-c.done:
+		if c.exit == "" {
+			return pidFile{}, errors.New("server exited at once")
+		}
+		if c.log != "" {
+			return pidFile{}, fmt.Errorf("server %s; its log ends: %s", c.exit, c.log)
+		}
+		return pidFile{}, fmt.Errorf("server %s", c.exit)
+	default:
+	}
+	return pidFile{}, fmt.Errorf("server (pid %d): %w", c.pid, err)
+}
+
+// exited reports whether the child has exited.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+var errExited = errors.New("server exited")
+
+// waitListening polls data's postmaster.pid until ours accepts it and it
+// says the postmaster listens, for pidFileTimeout at most. done, when not
+// nil, ends the wait early with errExited. A postmaster that removed a
+// file ours had accepted is errExited too.
+func waitListening(ctx context.Context, data string, ours func(pidFile) bool, done <-chan struct{}) (pidFile, error) {
 	ctx, cancel := context.WithTimeout(ctx, pidFileTimeout)
 	defer cancel()
 	poll := time.Millisecond
+	seen := false
 	for {
-		// A stale file from an earlier server whose pid the child happens
-		// to have is older than the child.
-		if pf, err := readPidFile(data); err == nil && pf.pid == c.pid && pf.startedSince(c.started) {
-			c.ready.Store(true)
-			return pf, nil
+		pf, err := readPidFile(data)
+		switch {
+		case err == nil && ours(pf):
+			if pf.listening() {
+				return pf, nil
+			}
+			seen = true
+		case seen && errors.Is(err, fs.ErrNotExist):
+			return pidFile{}, errExited // it removes the file as it exits
 		}
 		select {
-		case <-c.done:
-			if c.exit == "" {
-				return pidFile{}, errors.New("server exited at once")
-			}
-			if c.log != "" {
-				return pidFile{}, fmt.Errorf("server %s; its log ends: %s", c.exit, c.log)
-			}
-			return pidFile{}, fmt.Errorf("server %s", c.exit)
+		case <-done:
+			return pidFile{}, errExited
 		case <-ctx.Done():
-			return pidFile{}, fmt.Errorf("server (pid %d) wrote no postmaster.pid: %w", c.pid, ctx.Err())
+			if seen {
+				return pidFile{}, fmt.Errorf("did not listen on its port: %w", ctx.Err())
+			}
+			return pidFile{}, fmt.Errorf("wrote no postmaster.pid: %w", ctx.Err())
 		case <-time.After(poll):
 		}
 		poll = min(2*poll, 20*time.Millisecond)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -590,5 +591,53 @@ func TestIntegrationFailedEnsureLeavesNothing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestIntegrationPortTakenBeforeBind: another socket takes the port Start
+// chose before the postmaster binds it. Start must not hand out that
+// address (a client sent there reaches whoever holds it); it starts the
+// server on another port. The hook only times the race, which cannot be
+// hit on purpose from outside: the socket that takes the port is real.
+func TestIntegrationPortTakenBeforeBind(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t, newRoot(t))
+	spec := testSpec("taken")
+	var taken net.Listener
+	b.beforeLaunch = func(port int) {
+		if taken != nil {
+			return
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Errorf("take port %d: %v", port, err)
+			return
+		}
+		taken = ln
+		t.Cleanup(func() { ln.Close() })
+	}
+	ep := start(t, b, spec)
+	if taken == nil {
+		t.Fatal("the hook did not take the port")
+	}
+	if ep.Addr == taken.Addr().String() {
+		t.Fatalf("Start returned %s, the address another socket holds", ep.Addr)
+	}
+	serve(t, ep, spec)
+	url := fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable&connect_timeout=5", spec.User, spec.Password, ep.Addr, spec.Database)
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var dir string
+	if err := conn.QueryRow(t.Context(), "SHOW data_directory").Scan(&dir); err != nil {
+		t.Fatal(err)
+	}
+	if !samePath(dir, b.dataDir(spec.Name)) {
+		t.Fatalf("the server at %s serves %s, want %s", ep.Addr, dir, b.dataDir(spec.Name))
+	}
+	if st := status(t, b, spec); st.State != backend.StateRunning || st.Addr != ep.Addr || st.ID != ep.ID {
+		t.Fatalf("status = %+v, want running at %s as %s", st, ep.Addr, ep.ID)
 	}
 }

@@ -47,6 +47,8 @@ func TestReadPidFile(t *testing.T) {
 		ok      bool
 	}{
 		{"running", "4242\n/srv/data\n1796113659\n5999\n/srv/run\n127.0.0.1\n  9978018     65561\nready   \n",
+			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999, listen: "127.0.0.1"}, true},
+		{"socket dir, not yet listening", "4242\n/srv/data\n1796113659\n5999\n/srv/run\n",
 			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999}, true},
 		{"first lines only", "4242\n/srv/data\n1796113659\n5999\n",
 			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999}, true},
@@ -67,6 +69,9 @@ func TestReadPidFile(t *testing.T) {
 			}
 			if tt.ok && got.id() != "4242@1796113659" {
 				t.Errorf("id = %q", got.id())
+			}
+			if want := tt.want.listen != ""; got.listening() != want {
+				t.Errorf("listening = %v, want %v", got.listening(), want)
 			}
 		})
 	}
