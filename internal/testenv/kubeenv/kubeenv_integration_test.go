@@ -472,7 +472,11 @@ func postgresContainer(image string, password *corev1.EnvVarSource, probe corev1
 		},
 		Ports:          []corev1.ContainerPort{{Name: "postgres", ContainerPort: 5432}},
 		VolumeMounts:   []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/postgresql/data"}},
-		ReadinessProbe: &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 1, FailureThreshold: 3},
+		// The kubelet's default 1 s timeout fails every exec probe on a
+		// loaded machine (a docker exec of pg_isready took longer with two
+		// suites and three busy loops on two cores), as a real node's would:
+		// the Pod never turned Ready. 10 s is what charts commonly give one.
+		ReadinessProbe: &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 1, TimeoutSeconds: 10, FailureThreshold: 3},
 	}
 }
 
