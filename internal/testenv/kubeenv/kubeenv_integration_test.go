@@ -470,8 +470,8 @@ func postgresContainer(image string, password *corev1.EnvVarSource, probe corev1
 			{Name: "PGDATA", Value: "/var/lib/postgresql/data/pgdata"},
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		},
-		Ports:          []corev1.ContainerPort{{Name: "postgres", ContainerPort: 5432}},
-		VolumeMounts:   []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/postgresql/data"}},
+		Ports:        []corev1.ContainerPort{{Name: "postgres", ContainerPort: 5432}},
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/postgresql/data"}},
 		// The kubelet's default 1 s timeout fails every exec probe on a
 		// loaded machine (a docker exec of pg_isready took longer with two
 		// suites and three busy loops on two cores), as a real node's would:
