@@ -426,6 +426,7 @@ type pidFile struct {
 	start   string // line 3: when the postmaster started, in Unix seconds
 	port    int    // line 4
 	listen  string // line 6: its first TCP address, written once it holds that socket
+	status  string // line 8: "starting", "ready", ...; written after its sockets
 }
 
 // listening reports whether the postmaster holds its TCP port. Postgres
@@ -434,6 +435,10 @@ type pidFile struct {
 // took it meanwhile would answer a connection there: a pgwake proxy's
 // "project does not exist", say, taken for this server serving.
 func (p pidFile) listening() bool { return p.listen != "" }
+
+// socketOnly reports whether the postmaster has made its sockets without a
+// TCP one (the server init scripts run against): it never listens.
+func (p pidFile) socketOnly() bool { return p.listen == "" && p.status != "" }
 
 // id is the run's identity (backend.Status.ID): a pid is reused, a pid
 // together with the second its process started is not.
@@ -467,6 +472,9 @@ func readPidFile(data string) (pidFile, error) {
 	pf := pidFile{pid: pid, dataDir: lines[1], start: start, port: port}
 	if len(lines) > 5 {
 		pf.listen = strings.TrimSpace(lines[5])
+	}
+	if len(lines) > 7 {
+		pf.status = strings.TrimSpace(lines[7])
 	}
 	return pf, nil
 }
@@ -734,13 +742,29 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		return backend.Endpoint{}, err
 	}
 	if pf, pm := b.postmaster(spec.Name); pm == pmLive {
-		// Started before this process (pgwake restarted): it may still be
-		// booting.
-		pf, err := waitListening(ctx, b.dataDir(spec.Name), func(got pidFile) bool { return got.id() == pf.id() }, nil)
-		if err != nil {
-			return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
+		if pf.socketOnly() {
+			// The init scripts' server of a pgwake that died before they
+			// began: it never listens. The scripts run again below.
+			if err := b.stopLocked(ctx, spec.Name, "fast"); err != nil {
+				return backend.Endpoint{}, fmt.Errorf("start project %q: stop its socket-only server: %w", spec.Name, err)
+			}
+		} else {
+			// Still booting, maybe: one a Start that gave up launched, or
+			// one a pgwake before this process did.
+			var err error
+			if c := b.child(spec.Name); c != nil && c.pid == pf.pid {
+				pf, err = c.waitListening(ctx, b.dataDir(spec.Name))
+			} else {
+				data := b.dataDir(spec.Name)
+				id := pf.id()
+				pf, err = waitListening(ctx, data, func(got pidFile) bool { return got.id() == id },
+					func() bool { return !postmasterAlive(pf.pid, data) })
+			}
+			if err != nil {
+				return backend.Endpoint{}, fmt.Errorf("start project %q: %w", spec.Name, err)
+			}
+			return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 		}
-		return backend.Endpoint{Addr: pf.addr(), ID: pf.id()}, nil
 	}
 	for attempt := 1; ; attempt++ {
 		port, err := b.port(spec.Name)
@@ -765,11 +789,18 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Endpoin
 		if err == nil {
 			return backend.Endpoint{Addr: pf.addr(), ID: pf.id(), First: first}, nil
 		}
+		if !c.exited() {
+			// Given up on (ctx, or no pid file in time): a server that
+			// listens later would serve nobody, or be adopted half-seen.
+			_ = syscall.Kill(c.pid, syscall.SIGQUIT) // immediate shutdown
+		}
 		// The port was free when chosen, and another socket can take it
 		// before the postmaster binds it (the machine hands the same
-		// range out for every ephemeral port). Postgres then exits; a
-		// fresh port serves the wake instead of failing it.
-		if c.exited() && !portFree(port) && attempt < portAttempts {
+		// range out for every ephemeral port). Postgres then exits (its
+		// messages are in English: LC_ALL=C); a fresh port serves the
+		// wake instead of failing it.
+		taken := c.exited() && (strings.Contains(c.log, "could not create any TCP/IP sockets") || !portFree(port))
+		if taken && attempt < portAttempts && ctx.Err() == nil {
 			b.log.Info("the server's port was taken as it started; trying another", "project", spec.Name, "port", port)
 			continue
 		}
@@ -831,7 +862,7 @@ func (c *child) waitListening(ctx context.Context, data string) (pidFile, error)
 		c.ready.Store(true)
 		return true
 	}
-	pf, err := waitListening(ctx, data, ours, c.done)
+	pf, err := waitListening(ctx, data, ours, c.exited)
 	if err == nil {
 		return pf, nil
 	}
@@ -872,10 +903,10 @@ func (c *child) exited() bool {
 var errExited = errors.New("server exited")
 
 // waitListening polls data's postmaster.pid until ours accepts it and it
-// says the postmaster listens, for pidFileTimeout at most. done, when not
-// nil, ends the wait early with errExited. A postmaster that removed a
-// file ours had accepted is errExited too.
-func waitListening(ctx context.Context, data string, ours func(pidFile) bool, done <-chan struct{}) (pidFile, error) {
+// says the postmaster listens, for pidFileTimeout at most. gone, asked at
+// every poll, ends the wait early with errExited; so does a postmaster
+// that removed a file ours had accepted, or made its sockets without TCP.
+func waitListening(ctx context.Context, data string, ours func(pidFile) bool, gone func() bool) (pidFile, error) {
 	ctx, cancel := context.WithTimeout(ctx, pidFileTimeout)
 	defer cancel()
 	poll := time.Millisecond
@@ -887,13 +918,17 @@ func waitListening(ctx context.Context, data string, ours func(pidFile) bool, do
 			if pf.listening() {
 				return pf, nil
 			}
+			if pf.socketOnly() {
+				return pidFile{}, errors.New("it listens on its socket only")
+			}
 			seen = true
 		case seen && errors.Is(err, fs.ErrNotExist):
 			return pidFile{}, errExited // it removes the file as it exits
 		}
-		select {
-		case <-done:
+		if gone() {
 			return pidFile{}, errExited
+		}
+		select {
 		case <-ctx.Done():
 			if seen {
 				return pidFile{}, fmt.Errorf("did not listen on its port: %w", ctx.Err())

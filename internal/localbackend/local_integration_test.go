@@ -641,3 +641,39 @@ func TestIntegrationPortTakenBeforeBind(t *testing.T) {
 		t.Fatalf("status = %+v, want running at %s as %s", st, ep.Addr, ep.ID)
 	}
 }
+
+// TestIntegrationAdoptSocketOnlyServer: a pgwake that died while its init
+// scripts' server (socket only) ran leaves that server behind; the next
+// pgwake's Start stops it and starts one that listens, rather than waiting
+// for a TCP port it never opens.
+func TestIntegrationAdoptSocketOnlyServer(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	b := newBackend(t, root)
+	spec := testSpec("socketonly")
+	start(t, b, spec)
+	if err := b.Sleep(t.Context(), spec, backend.SleepStop); err != nil {
+		t.Fatal(err)
+	}
+	port, err := b.port(spec.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.launchArgs(spec.Name, []string{"-p", strconv.Itoa(port), "-k", b.sockDir(spec.Name), "-c", "listen_addresses="}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the socket-only server made its sockets", until(func() bool {
+		pf, err := readPidFile(b.dataDir(spec.Name))
+		return err == nil && pf.socketOnly()
+	}))
+	if st := status(t, b, spec); st.State != backend.StateStopped || st.Addr != "" {
+		t.Fatalf("status of a socket-only server = %+v, want stopped without an address", st)
+	}
+
+	next := newBackend(t, root) // the pgwake after the one that died
+	ep := start(t, next, spec)
+	serve(t, ep, spec)
+	if st := status(t, next, spec); st.State != backend.StateRunning || st.ID != ep.ID {
+		t.Fatalf("status = %+v, want running as %s", st, ep.ID)
+	}
+}

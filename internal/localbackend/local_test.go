@@ -47,7 +47,9 @@ func TestReadPidFile(t *testing.T) {
 		ok      bool
 	}{
 		{"running", "4242\n/srv/data\n1796113659\n5999\n/srv/run\n127.0.0.1\n  9978018     65561\nready   \n",
-			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999, listen: "127.0.0.1"}, true},
+			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999, listen: "127.0.0.1", status: "ready"}, true},
+		{"socket only", "4242\n/srv/data\n1796113659\n5999\n/srv/run\n\n  9978018     65561\nready   \n",
+			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999, status: "ready"}, true},
 		{"socket dir, not yet listening", "4242\n/srv/data\n1796113659\n5999\n/srv/run\n",
 			pidFile{pid: 4242, dataDir: "/srv/data", start: "1796113659", port: 5999}, true},
 		{"first lines only", "4242\n/srv/data\n1796113659\n5999\n",
@@ -72,6 +74,9 @@ func TestReadPidFile(t *testing.T) {
 			}
 			if want := tt.want.listen != ""; got.listening() != want {
 				t.Errorf("listening = %v, want %v", got.listening(), want)
+			}
+			if want := tt.name == "socket only"; got.socketOnly() != want {
+				t.Errorf("socketOnly = %v, want %v", got.socketOnly(), want)
 			}
 		})
 	}
